@@ -1,0 +1,1 @@
+"""Example graphs; importable as ``examples.<name>`` so workers can resolve their functions."""

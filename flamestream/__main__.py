@@ -1,0 +1,5 @@
+import sys
+
+from flamestream.cli import main
+
+sys.exit(main())

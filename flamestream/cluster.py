@@ -1,0 +1,301 @@
+"""The cluster's shared state in ZooKeeper: membership, ticks and consumer offsets.
+
+Layout under ``<root>/<cluster>/``::
+
+    members/<role>/<name>              ephemeral, JSON info such as {"address": "127.0.0.1:5001"}
+    ticks/<n>                          JSON tick, n = 0000000000, 0000000001, ...
+    offsets/<group>/<topic>/<partition>  committed offset as a decimal number
+
+Membership nodes are ephemeral so a crashed process drops out of the cluster by
+itself once its session expires.  Ticks are ZooKeeper sequential nodes: the
+server assigns the numbers, so concurrent publishers can never pick the same
+one, and the zero-padded names sort in publication order.  Several clusters can
+share one ZooKeeper ensemble because everything lives under the cluster's own
+prefix.  Tick contents are opaque JSON here; ``flamestream.tick`` gives them
+meaning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient  # type: ignore[import-untyped]
+from kazoo.exceptions import NodeExistsError, NoNodeError  # type: ignore[import-untyped]
+
+log = logging.getLogger(__name__)
+
+TickCallback = Callable[[int, dict[str, Any]], None]
+
+
+def _check_name(kind: str, value: str) -> str:
+    """Reject names that would change the path structure or that ZooKeeper refuses.
+
+    Checked before any request so a bad name fails with a message naming the
+    argument instead of a kazoo error about some composed path.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
+    if "/" in value:
+        raise ValueError(f"{kind} must not contain '/', got {value!r}")
+    if value in (".", ".."):
+        raise ValueError(f"{kind} must not be '.' or '..'")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):
+        raise ValueError(f"{kind} must not contain control characters, got {value!r}")
+    return value
+
+
+def _check_count(kind: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{kind} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _decode(path: str, data: bytes) -> dict[str, Any]:
+    """Parse a node's JSON, insisting on an object so callers can rely on the declared type."""
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds {type(value).__name__}, expected a JSON object")
+    return value
+
+
+class ClusterStore:
+    """A ZooKeeper session bound to one cluster's subtree.
+
+    ``timeout`` is both how long ``start()`` waits for a connection and the
+    session timeout, i.e. how long a crashed member's ephemeral nodes linger.
+    Operations are not retried on connection loss: publishing a tick is not
+    idempotent, so a blind retry could publish it twice.
+    """
+
+    def __init__(self, hosts: str, cluster: str = "default", root: str = "/flamestream", timeout: float = 10.0) -> None:
+        if not root.startswith("/"):
+            raise ValueError(f"root must be an absolute ZooKeeper path such as '/flamestream', got {root!r}")
+        for part in root[1:].split("/"):
+            _check_name("root path component", part)
+        self.hosts = hosts
+        self.cluster = _check_name("cluster", cluster)
+        self.root = root
+        self.timeout = timeout
+        self.base = f"{root}/{cluster}"
+        self._client: Any = None
+
+    # -- session -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect and create the cluster's top-level nodes.
+
+        The parents are created up front because watches (``watch_ticks``) need an
+        existing node to watch, and because a fresh ``ticks`` node is what makes
+        the first sequential tick number 0.
+        """
+        if self._client is not None:
+            raise RuntimeError(f"ClusterStore for {self.base} is already started")
+        client = KazooClient(hosts=self.hosts, timeout=self.timeout)
+        try:
+            client.start(timeout=self.timeout)
+        except client.handler.timeout_exception:
+            raise TimeoutError(f"could not connect to ZooKeeper at {self.hosts} within {self.timeout:g}s") from None
+        try:
+            for child in ("members", "ticks", "offsets"):
+                client.ensure_path(f"{self.base}/{child}")
+        except BaseException:
+            client.stop()
+            client.close()
+            raise
+        self._client = client
+
+    def stop(self) -> None:
+        """Close the session; its ephemeral member nodes disappear and its watches end."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.stop()
+            client.close()
+
+    def __enter__(self) -> ClusterStore:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def _zk(self) -> Any:
+        if self._client is None:
+            raise RuntimeError(f"ClusterStore for {self.base} is not started; call start() first")
+        return self._client
+
+    # -- membership ----------------------------------------------------------
+
+    def register(self, role: str, name: str, info: dict[str, Any]) -> None:
+        """Announce this process as ``role``/``name`` for as long as the session lives.
+
+        A name already held by a live session is refused rather than overwritten,
+        since two processes claiming one identity would split its traffic.
+        """
+        path = f"{self._role_path(role)}/{_check_name('member name', name)}"
+        try:
+            self._zk.create(path, _encode(info), ephemeral=True, makepath=True)
+        except NodeExistsError:
+            raise ValueError(f"member {role}/{name} is already registered in cluster {self.cluster!r}") from None
+
+    def members(self, role: str) -> dict[str, dict[str, Any]]:
+        """Current members of ``role`` by name, with the info they registered."""
+        path = self._role_path(role)
+        try:
+            names = self._zk.get_children(path)
+        except NoNodeError:
+            return {}
+        result: dict[str, dict[str, Any]] = {}
+        for name in sorted(names):
+            try:
+                data, _ = self._zk.get(f"{path}/{name}")
+            except NoNodeError:  # left between listing and reading
+                continue
+            result[name] = _decode(f"{path}/{name}", data)
+        return result
+
+    def wait_for_members(self, role: str, count: int, timeout: float) -> dict[str, dict[str, Any]]:
+        """Block until at least ``count`` members of ``role`` are registered, then return them all.
+
+        Woken by a children watch rather than by polling, so it returns as soon as
+        the last member registers.
+        """
+        _check_count("count", count)
+        path = self._role_path(role)
+        self._zk.ensure_path(path)
+        deadline = time.monotonic() + timeout
+        # One event for all rounds: a watch left over from an earlier round can
+        # only cause a spurious wake-up, after which the count is checked again.
+        changed = threading.Event()
+
+        def wake(_event: Any) -> None:
+            changed.set()
+
+        while True:
+            changed.clear()
+            names = self._zk.get_children(path, watch=wake)
+            if len(names) >= count:
+                found = self.members(role)
+                # Fewer means someone left between the two reads; that removal
+                # also fires the watch just set, so the wait below wakes at once.
+                if len(found) >= count:
+                    return found
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"timed out after {timeout:g}s waiting for {count} {role!r} members in cluster "
+                    f"{self.cluster!r}: {len(names)} registered {sorted(names)}"
+                )
+            changed.wait(remaining)
+
+    # -- ticks ---------------------------------------------------------------
+
+    def publish_tick(self, tick: dict[str, Any]) -> int:
+        """Append ``tick`` and return its number, assigned atomically by ZooKeeper."""
+        path = self._zk.create(f"{self.base}/ticks/", _encode(tick), sequence=True)
+        return int(path.rsplit("/", 1)[1])
+
+    def ticks(self) -> list[tuple[int, dict[str, Any]]]:
+        """All published ticks in increasing number."""
+        result: list[tuple[int, dict[str, Any]]] = []
+        for n in self._tick_numbers():
+            tick = self._read_tick(n)
+            if tick is not None:
+                result.append((n, tick))
+        return result
+
+    def latest_tick(self) -> tuple[int, dict[str, Any]] | None:
+        """The highest-numbered tick, or None before the first one is published."""
+        for n in reversed(self._tick_numbers()):
+            tick = self._read_tick(n)
+            if tick is not None:
+                return n, tick
+        return None
+
+    def watch_ticks(self, callback: TickCallback) -> None:
+        """Call ``callback(n, tick)`` once for every tick, existing and future, in increasing n.
+
+        Existing ticks are delivered before this returns; later ones from kazoo's
+        event thread.  ZooKeeper only reports that the children changed, possibly
+        coalescing several changes or repeating the list after a reconnect, so a
+        cursor of the next undelivered number is what keeps delivery exactly-once
+        and ordered.  An exception from ``callback`` is logged and does not stop
+        delivery of later ticks: raised on the event thread it would reach no one,
+        and retrying the tick would deliver it twice.  The watch ends with
+        ``stop()``.
+        """
+        lock = threading.Lock()
+        next_n = 0
+
+        def on_children(names: list[str]) -> None:
+            nonlocal next_n
+            # kazoo already serialises calls of one watch; the lock makes the
+            # cursor's safety independent of that implementation detail.
+            with lock:
+                for n in sorted(int(name) for name in names):
+                    if n < next_n:
+                        continue
+                    tick = self._read_tick(n)
+                    next_n = n + 1
+                    if tick is None:
+                        continue
+                    try:
+                        callback(n, tick)
+                    except Exception:
+                        log.exception("tick callback failed on tick %d of cluster %r", n, self.cluster)
+
+        self._zk.ChildrenWatch(f"{self.base}/ticks", on_children)
+
+    # -- consumer offsets ----------------------------------------------------
+
+    def commit_offset(self, group: str, topic: str, partition: int, offset: int) -> None:
+        """Record ``offset`` as the consumer group's position in ``topic``/``partition`` (last write wins)."""
+        path = self._offset_path(group, topic, partition)
+        value = str(_check_count("offset", offset)).encode()
+        try:
+            self._zk.set(path, value)
+        except NoNodeError:
+            try:
+                self._zk.create(path, value, makepath=True)
+            except NodeExistsError:  # a concurrent first commit won the create
+                self._zk.set(path, value)
+
+    def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
+        """The last committed offset, or None if the group never committed for this partition."""
+        try:
+            data, _ = self._zk.get(self._offset_path(group, topic, partition))
+        except NoNodeError:
+            return None
+        return int(data)
+
+    # -- paths ---------------------------------------------------------------
+
+    def _role_path(self, role: str) -> str:
+        return f"{self.base}/members/{_check_name('role', role)}"
+
+    def _offset_path(self, group: str, topic: str, partition: int) -> str:
+        return (
+            f"{self.base}/offsets/{_check_name('group', group)}/{_check_name('topic', topic)}/"
+            f"{_check_count('partition', partition)}"
+        )
+
+    def _tick_numbers(self) -> list[int]:
+        return sorted(int(name) for name in self._zk.get_children(f"{self.base}/ticks"))
+
+    def _read_tick(self, n: int) -> dict[str, Any] | None:
+        """Tick ``n``, or None if it was removed behind this module's back (ticks are never deleted here)."""
+        path = f"{self.base}/ticks/{n:010d}"
+        try:
+            data, _ = self._zk.get(path)
+        except NoNodeError:
+            return None
+        return _decode(path, data)

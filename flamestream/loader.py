@@ -1,0 +1,61 @@
+"""Load a user's graph file (``examples/wordcount.py``) into a Graph.
+
+The file is imported under a real module name so its functions get import
+paths another process can resolve: if it sits in a package (``examples/`` has
+an ``__init__.py``) the name is dotted from the first directory that is not a
+package, and that directory is recorded in the graph's ``sys_path``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from flamestream.graph import Graph, GraphError
+
+
+def import_graph_module(path: str) -> tuple[ModuleType, str]:
+    file = Path(path).resolve()
+    if not file.is_file() or file.suffix != ".py":
+        raise GraphError(f"graph file {path!r} is not an existing .py file")
+    parts = [file.stem]
+    root = file.parent
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        module = importlib.import_module(".".join(parts))
+    except Exception as exc:
+        raise GraphError(f"cannot import graph file {path!r}: {type(exc).__name__}: {exc}") from exc
+    return module, str(root)
+
+
+def load_graph(path: str) -> tuple[Graph, ModuleType]:
+    """The module's ``graph()`` result, validated, with the module for its optional ``read_input``."""
+    module, root = import_graph_module(path)
+    build = getattr(module, "graph", None)
+    if not callable(build):
+        raise GraphError(f"graph file {path!r} must define a function graph() returning a flamestream.Graph")
+    graph = build()
+    if not isinstance(graph, Graph):
+        raise GraphError(f"graph() in {path!r} returned {type(graph).__name__}, not a flamestream.Graph")
+    graph.sys_path = [root]
+    return graph.validate(), module
+
+
+def read_inputs(module: ModuleType, path: str) -> Iterator[Any]:
+    """Events from ``path``: the module's ``read_input(path)`` if it has one, else one event per line."""
+    reader = getattr(module, "read_input", None)
+    if callable(reader) and path != "-":
+        yield from reader(path)
+        return
+    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    with stream:
+        for line in stream:
+            yield line.rstrip("\n")

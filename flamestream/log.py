@@ -1,0 +1,368 @@
+"""Durable, append-only, segmented record log.
+
+It backs the fronts' input log (an event is acknowledged only after it is
+fsynced here, so recovery and the Spark replay see every acknowledged event)
+and the barrier's output-topic partitions (consumers read from an offset).
+
+On disk, a log is a directory of segments.  Segment ``<base:020d>.log`` holds
+the records whose offsets start at ``base``, each framed as ``u32 length,
+u32 crc32(payload), payload`` (little-endian).  Its companion
+``<base:020d>.index`` is *dense*: entry ``i`` is the u64 byte position of
+record ``base + i``.  Dense rather than sparse because
+
+* finding an offset is one 8-byte read at a computed position, with no binary
+  search and no forward scan through the segment;
+* the index length *is* the segment's record count, which gives readers in
+  other processes an exact "published up to here" mark (see below) and gives
+  recovery an exact consistency check;
+* 8 bytes per record is small next to the 8-byte frame header every record
+  already carries.
+
+Publication protocol: the writer appends a batch's frames to the segment,
+fsyncs the segment, and only then appends the batch's index entries.  A reader
+treats a record as existing once its index entry does, so it never sees data
+that a crash could still take back, and never sees half-written frames.  The
+active segment's index is not fsynced (that would cost a second fsync per
+batch); recovery rebuilds it from the segment, which is the source of truth.
+A segment is sealed (data and index fsynced) before its successor is created,
+so only the last segment can have a torn tail.
+
+Recovery on open (writer only): sealed segments get a cheap check (index length
+and the extent of the last indexed record) and are rescanned only if that
+fails; the last segment is fully scanned, cut back to its last intact record,
+and its index rewritten if it disagrees.  Fsynced records are never cut: a torn
+tail can only consist of bytes whose fsync had not returned.
+
+Limitations, by design:
+
+* Empty records are rejected.  Filesystems may leave a crashed file's tail
+  zero-filled, and a zero-filled 8-byte header is a valid frame of an empty
+  payload (crc32 of nothing is 0), so allowing them would let a crash invent
+  records.  Forbidding them makes any zero-length frame an unambiguous tear.
+* ``append_many`` is durable as a whole but not atomic across a crash: the
+  records before the tear survive recovery even though the batch was never
+  acknowledged.  Callers must tolerate an unacknowledged prefix.
+* One writer per directory, enforced with ``flock`` (POSIX); any number of
+  read-only instances in any process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import zlib
+from bisect import bisect_right
+from collections.abc import Sequence
+from pathlib import Path
+
+_HEADER = struct.Struct("<II")
+_ENTRY = struct.Struct("<Q")
+_MAX_RECORD = 0xFFFFFFFF
+_LOG_SUFFIX = ".log"
+_INDEX_SUFFIX = ".index"
+
+
+class LogError(Exception):
+    """The log cannot be used as asked: corrupt files, a second writer, or an earlier failed write."""
+
+
+def _segment_path(directory: Path, base: int) -> Path:
+    return directory / f"{base:020d}{_LOG_SUFFIX}"
+
+
+def _index_path(directory: Path, base: int) -> Path:
+    return directory / f"{base:020d}{_INDEX_SUFFIX}"
+
+
+def _list_bases(directory: Path) -> list[int]:
+    bases = sorted(
+        int(p.stem) for p in directory.iterdir() if p.suffix == _LOG_SUFFIX and len(p.stem) == 20 and p.stem.isdigit()
+    )
+    if bases and bases[0] != 0:
+        raise LogError(f"{directory}: first segment starts at offset {bases[0]}, earlier segments are missing")
+    return bases
+
+
+def _frame(record: bytes) -> bytes:
+    size = len(record)
+    if size == 0:
+        raise ValueError("empty records are not allowed: a zero-length frame is how a torn, zero-filled tail looks")
+    if size > _MAX_RECORD:
+        raise ValueError(f"record of {size} bytes exceeds the {_MAX_RECORD}-byte frame limit")
+    return _HEADER.pack(size, zlib.crc32(record)) + record
+
+
+def _scan(data: bytes) -> tuple[list[int], int]:
+    """Positions of the intact records at the start of ``data`` and the byte where they end."""
+    view = memoryview(data)
+    positions: list[int] = []
+    pos = 0
+    while pos + _HEADER.size <= len(view):
+        size, crc = _HEADER.unpack_from(view, pos)
+        end = pos + _HEADER.size + size
+        if size == 0 or end > len(view) or zlib.crc32(view[pos + _HEADER.size : end]) != crc:
+            break
+        positions.append(pos)
+        pos = end
+    return positions, pos
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # os.write may write less than asked (signals, quotas); loop so a frame is never silently cut.
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class SegmentedLog:
+    """A directory of segments addressed by dense offsets 0, 1, 2, ... (see the module docstring)."""
+
+    def __init__(
+        self,
+        directory: Path | str,
+        segment_bytes: int = 64 * 1024 * 1024,
+        fsync: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        if segment_bytes < 1:
+            raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self.readonly = readonly
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._bases: list[int] = []
+        self._end = 0
+        self._dir_fd = -1
+        self._log_fd = -1
+        self._index_fd = -1
+        self._active_size = 0
+        if readonly:
+            if not self.directory.is_dir():
+                raise FileNotFoundError(f"log directory {self.directory} does not exist")
+            self._refresh()
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._dir_fd)
+            raise LogError(f"{self.directory} is already open for writing by another SegmentedLog") from None
+        try:
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- opening -----------------------------------------------------------------
+
+    def _recover(self) -> None:
+        self._bases = _list_bases(self.directory)
+        if not self._bases:
+            self._create_segment(0)
+            return
+        for base, successor in zip(self._bases, self._bases[1:], strict=False):
+            self._check_sealed(base, successor - base)
+        last = self._bases[-1]
+        log_path = _segment_path(self.directory, last)
+        index_path = _index_path(self.directory, last)
+        data = log_path.read_bytes()
+        positions, valid_end = _scan(data)
+        if valid_end < len(data):
+            os.truncate(log_path, valid_end)
+        index = b"".join(_ENTRY.pack(p) for p in positions)
+        if not index_path.exists() or index_path.read_bytes() != index:
+            index_path.write_bytes(index)
+        self._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+        self._index_fd = os.open(index_path, os.O_WRONLY | os.O_APPEND)
+        if self.fsync:
+            # Make the cut and the rebuilt index durable before new records land after them.
+            os.fsync(self._log_fd)
+            os.fsync(self._index_fd)
+        self._active_size = valid_end
+        self._end = last + len(positions)
+
+    def _check_sealed(self, base: int, count: int) -> None:
+        """Trust a sealed segment's index if it is plausible; otherwise rebuild it from the segment."""
+        log_path = _segment_path(self.directory, base)
+        index_path = _index_path(self.directory, base)
+        log_size = log_path.stat().st_size
+        if index_path.exists() and index_path.stat().st_size == count * _ENTRY.size:
+            with open(index_path, "rb") as f:
+                (first,) = _ENTRY.unpack(f.read(_ENTRY.size))
+                f.seek((count - 1) * _ENTRY.size)
+                (last,) = _ENTRY.unpack(f.read(_ENTRY.size))
+            with open(log_path, "rb") as f:
+                f.seek(last)
+                header = f.read(_HEADER.size)
+            if (
+                first == 0
+                and len(header) == _HEADER.size
+                and last + _HEADER.size + _HEADER.unpack(header)[0] == log_size
+            ):
+                return
+        positions, valid_end = _scan(log_path.read_bytes())
+        if len(positions) != count or valid_end != log_size:
+            raise LogError(
+                f"sealed segment {log_path} holds {len(positions)} intact records in {valid_end} of {log_size} bytes, "
+                f"expected {count} records filling it: the log is corrupt"
+            )
+        index_path.write_bytes(b"".join(_ENTRY.pack(p) for p in positions))
+        if self.fsync:
+            with open(index_path, "rb+") as f:
+                os.fsync(f.fileno())
+
+    def _create_segment(self, base: int) -> None:
+        # Truncate on create: a leftover index from a crashed roll must not prefix the new one.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+        self._log_fd = os.open(_segment_path(self.directory, base), flags, 0o644)
+        self._index_fd = os.open(_index_path(self.directory, base), flags, 0o644)
+        if self.fsync:
+            os.fsync(self._dir_fd)
+        self._bases.append(base)
+        self._active_size = 0
+
+    def _refresh(self) -> None:
+        """Re-derive the segment list and end from disk, for a reader following another process's writer."""
+        self._bases = _list_bases(self.directory)
+        if not self._bases:
+            self._end = 0
+            return
+        last = self._bases[-1]
+        try:
+            published = _index_path(self.directory, last).stat().st_size // _ENTRY.size
+        except FileNotFoundError:
+            published = 0  # the writer is between creating the segment and its index
+        self._end = last + published
+
+    # -- writing -----------------------------------------------------------------
+
+    def append(self, record: bytes) -> int:
+        """Append one record durably and return its offset."""
+        return self.append_many([record])
+
+    def append_many(self, records: Sequence[bytes]) -> int:
+        """Append records with one fsync for the batch (plus one per segment sealed on the way).
+
+        Returns the offset of the first record (``end_offset`` for an empty batch).
+        """
+        self._check_open()
+        if self.readonly:
+            raise LogError(f"{self.directory} was opened read-only")
+        if self._failed is not None:
+            raise LogError("an earlier append failed; reopen the log to recover a consistent state") from self._failed
+        frames = [_frame(r) for r in records]  # validate everything before writing anything
+        first = self._end
+        try:
+            pending: list[bytes] = []
+            positions: list[int] = []
+            for frame in frames:
+                if self._active_size and self._active_size + len(frame) > self.segment_bytes:
+                    self._commit(pending, positions)
+                    self._roll()
+                    pending, positions = [], []
+                positions.append(self._active_size)
+                pending.append(frame)
+                self._active_size += len(frame)
+            self._commit(pending, positions)
+        except BaseException as exc:
+            # Memory and disk may now disagree (and after a failed fsync the page cache cannot be
+            # trusted); only reopening, which rescans the disk, restores a state worth writing to.
+            self._failed = exc
+            raise
+        return first
+
+    def _commit(self, frames: list[bytes], positions: list[int]) -> None:
+        if not frames:
+            return
+        _write_all(self._log_fd, b"".join(frames))
+        if self.fsync:
+            os.fsync(self._log_fd)
+        _write_all(self._index_fd, b"".join(_ENTRY.pack(p) for p in positions))
+        self._end += len(frames)
+
+    def _roll(self) -> None:
+        if self.fsync:
+            os.fsync(self._index_fd)  # sealed segments are trusted on open, so their index must survive too
+        os.close(self._log_fd)
+        os.close(self._index_fd)
+        self._log_fd = self._index_fd = -1
+        self._create_segment(self._end)
+
+    # -- reading -----------------------------------------------------------------
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended record will get; for a reader, as published when asked."""
+        self._check_open()
+        if self.readonly:
+            self._refresh()
+        return self._end
+
+    def read(self, from_offset: int, max_records: int = 1000) -> list[tuple[int, bytes]]:
+        """Up to ``max_records`` published records from ``from_offset`` on, as (offset, payload) pairs."""
+        end = self.end_offset
+        if from_offset < 0:
+            raise ValueError(f"offset must be non-negative, got {from_offset}")
+        if from_offset > end:
+            raise ValueError(f"offset {from_offset} is beyond the end of the log (end_offset is {end})")
+        if max_records < 1:
+            raise ValueError(f"max_records must be positive, got {max_records}")
+        out: list[tuple[int, bytes]] = []
+        offset = from_offset
+        segment = bisect_right(self._bases, offset) - 1
+        while offset < end and len(out) < max_records:
+            base = self._bases[segment]
+            segment_end = self._bases[segment + 1] if segment + 1 < len(self._bases) else end
+            count = min(max_records - len(out), segment_end - offset)
+            out.extend(self._read_segment(base, offset, count))
+            offset += count
+            segment += 1
+        return out
+
+    def _read_segment(self, base: int, offset: int, count: int) -> list[tuple[int, bytes]]:
+        index_path = _index_path(self.directory, base)
+        log_path = _segment_path(self.directory, base)
+        try:
+            with open(index_path, "rb") as f:
+                f.seek((offset - base) * _ENTRY.size)
+                entry = f.read(_ENTRY.size)
+        except FileNotFoundError:
+            entry = b""
+        if len(entry) != _ENTRY.size:
+            raise LogError(f"{index_path} has no entry for offset {offset}; reopen the log for writing to rebuild it")
+        (position,) = _ENTRY.unpack(entry)
+        out: list[tuple[int, bytes]] = []
+        with open(log_path, "rb") as f:
+            f.seek(position)
+            for current in range(offset, offset + count):
+                header = f.read(_HEADER.size)
+                size, crc = _HEADER.unpack(header) if len(header) == _HEADER.size else (0, 0)
+                payload = f.read(size)
+                if size == 0 or len(payload) != size or zlib.crc32(payload) != crc:
+                    raise LogError(f"record {current} in {log_path} is corrupt")
+                out.append((current, payload))
+        return out
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"log {self.directory} is closed")
+
+    def close(self) -> None:
+        """Release the files and the writer lock; idempotent."""
+        self._closed = True
+        for fd in (self._log_fd, self._index_fd, self._dir_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._log_fd = self._index_fd = self._dir_fd = -1
+
+    def __enter__(self) -> SegmentedLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

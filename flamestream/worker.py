@@ -1,0 +1,107 @@
+"""Worker core: the whole graph over one hash range (paper §2.3), no I/O.
+
+``process`` takes a batch of envelopes (destination operation, hash, item) and
+runs them depth-first.  Items whose next operation's balancing function maps
+into this worker's range are processed right here without a channel hop — the
+local fast path, which also keeps a single worker's processing in meta order so
+it replays nothing.  Everything else comes back in the outbox: envelopes per
+remote worker and items for the barrier.  The imperative shell (local runtime
+or gRPC service) moves them and does the acking.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flamestream.dead_letter import dead_letter
+from flamestream.grouping import Grouping
+from flamestream.item import Envelope, Item
+from flamestream.meta import GlobalTime
+from flamestream.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, Plan
+from flamestream.tick import Layout
+
+Outbox = tuple[dict[int, list[Envelope]], list[Item]]
+
+
+class Worker:
+    def __init__(self, plan: Plan, index: int, layout: Layout) -> None:
+        self.plan = plan
+        self.index = index
+        self.layout = layout
+        self.lo, self.hi = layout.range_of(index)
+        self.groupings: dict[int, Grouping] = {
+            i: Grouping(plan.windows[i]) for i, kind in enumerate(plan.kinds) if kind == GROUPING
+        }
+
+    def process(self, envelopes: list[Envelope]) -> Outbox:
+        plan = self.plan
+        kinds, fns, routes, names = plan.kinds, plan.fns, plan.routes, plan.names
+        groupings = self.groupings
+        remote: dict[int, list[Envelope]] = {}
+        barrier: list[Item] = []
+        stack = envelopes[::-1]
+        while stack:
+            op, h, item = stack.pop()
+            kind = kinds[op]
+            payload, gt, trace, tomb = item
+            try:
+                if kind == MAP:
+                    fn: Any = fns[op]
+                    outs = [(p, gt, trace + (i,), tomb) for i, p in enumerate(fn(payload))]
+                elif kind == GROUPING:
+                    eq = plan.equivalences[op]
+                    outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
+                elif kind == MERGE:
+                    outs = [(payload, gt, trace + (0,), tomb)]
+                elif kind == BROADCAST:
+                    for i, dst in enumerate(routes[op]):
+                        self._route(dst, [(payload, gt, trace + (i,), tomb)], stack, remote, barrier)
+                    continue
+                else:
+                    barrier.append(item)
+                    continue
+            except Exception as exc:  # business logic failed: dead letter, never a dead worker
+                barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
+                continue
+            if outs:
+                self._route(routes[op][0], outs, stack, remote, barrier)
+        return remote, barrier
+
+    def _route(self, dst: int, items: list[Item], stack: list[Envelope], remote: dict[int, list[Envelope]],
+               barrier: list[Item]) -> None:
+        """Send ``items`` (in order) to operation ``dst``: onto the local stack, to a remote worker or the barrier."""
+        plan = self.plan
+        if plan.kinds[dst] == SINK:
+            barrier.extend(items)
+            return
+        balance = plan.balances[dst]
+        if balance is None:
+            stack.extend([(dst, None, item) for item in reversed(items)])
+            return
+        lo, hi = self.lo, self.hi
+        local: list[Envelope] = []
+        for item in items:
+            try:
+                h = balance(item[0])
+            except Exception as exc:
+                barrier.append((dead_letter(plan.names[dst], exc, item[0]), item[1], item[2], item[3]))
+                continue
+            if lo <= h <= hi:
+                local.append((dst, h, item))
+            else:
+                remote.setdefault(self.layout.owner(h), []).append((dst, h, item))
+        if local:
+            local.reverse()
+            stack.extend(local)
+
+    def on_min_time(self, min_time: GlobalTime) -> None:
+        """The acker's minimal time moved: trim grouping state."""
+        for grouping in self.groupings.values():
+            grouping.trim(min_time)
+
+    @property
+    def replays(self) -> int:
+        return sum(g.replays for g in self.groupings.values())
+
+    def state_size(self) -> int:
+        return sum(g.size() for g in self.groupings.values())

@@ -1,0 +1,67 @@
+"""The shipped examples: word count and the inverted index over the shared Wikipedia pages."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples import inverted_index, wordcount
+from flamestream import LocalRuntime, run_oracle
+from flamestream.front import stamp_inputs
+
+PAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "wiki_football_ru.xml"
+
+
+def multiset(pairs: list[tuple[Any, Any]]) -> Counter[tuple[Any, str]]:
+    return Counter((gt, repr(p)) for gt, p in pairs)
+
+
+def test_wordcount_counts_every_occurrence() -> None:
+    lines = ["the quick dog", "the lazy dog", "a dog is a dog"] * 20
+    result = LocalRuntime(wordcount.graph(), workers=3, fronts=2, seed=7).run(lines)
+    final: dict[str, int] = {}
+    for _gt, _trace, record in result.output:
+        assert record["count"] == final.get(record["word"], 0) + 1  # meta order: counts rise one by one
+        final[record["word"]] = record["count"]
+    assert final == dict(Counter(w for line in lines for w in line.split()))
+
+
+@pytest.fixture(scope="module")
+def pages() -> list[dict[str, str]]:
+    if not PAGES.exists():
+        pytest.fail(f"shared corpus missing: {PAGES}")
+    return list(inverted_index.read_input(str(PAGES)))
+
+
+def test_corpus_is_parsed(pages: list[dict[str, str]]) -> None:
+    assert len(pages) == 268
+    assert pages[0]["id"] == "51626" and pages[0]["title"] == "Сборная Бразилии по футболу"
+    assert all(p["text"].strip() for p in pages)
+
+
+def test_revision_changelog_only_reports_changes() -> None:
+    first = {"id": "1", "title": "", "text": "ball goal ball"}
+    second = {"id": "1", "title": "", "text": "ball match"}
+    records = [p for _, _, p in LocalRuntime(inverted_index.graph(), workers=2).run([first, second]).output]
+    assert records == [
+        {"word": "ball", "page": "1", "positions": [0, 2], "pages": 1},
+        {"word": "goal", "page": "1", "positions": [1], "pages": 1},
+        {"word": "ball", "page": "1", "positions": [0], "pages": 1},
+        {"word": "match", "page": "1", "positions": [1], "pages": 1},
+        {"word": "goal", "page": "1", "positions": None, "pages": 0},
+    ]
+
+
+@pytest.mark.slow
+def test_inverted_index_on_shared_pages_matches_oracle(pages: list[dict[str, str]]) -> None:
+    """4 workers, adversarial channel speeds: replays and retractions galore, same output as the oracle."""
+    graph = inverted_index.graph()
+    expected, _ = run_oracle(graph, stamp_inputs(pages))
+    result = LocalRuntime(graph, workers=4, seed=11, adversarial=True, batch=8).run(pages)
+    assert result.stats.retractions > 0, "the adversarial schedule should have forced replays"
+    assert multiset([(gt, p) for gt, _, p in result.output]) == multiset(expected)
+    per_page = Counter(p["page"] for _, p in expected)
+    assert len(per_page) == 268 and min(per_page.values()) > 0  # every page triggers its changelog

@@ -1,0 +1,375 @@
+"""Grouping (paper §2.5, §3): windows, optimistic replay, tombstones, trimming."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flamestream.front import stamp_inputs
+from flamestream.grouping import Grouping
+from flamestream.item import Item
+from flamestream.meta import CHILD_BITS, MAX_TIME, GlobalTime, Trace
+
+
+def mark(logical: int) -> int:
+    return logical << CHILD_BITS
+
+
+def item(payload: Any, ts: int, trace: Trace = (0,), front: int = 0) -> Item:
+    return (payload, GlobalTime(ts, front), trace, False)
+
+
+def tomb(it: Item) -> Item:
+    return (it[0], it[1], it[2], True)
+
+
+def test_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        Grouping(0)
+
+
+def test_paper_example_parity_window_3() -> None:
+    """§2.5: 1..8, hash = parity, window 3 -> (1),(2),(1|3),(2|4),(1|3|5),(2|4|6),(3|5|7),(4|6|8)."""
+    g = Grouping(3)
+    out = []
+    for ts in range(1, 9):
+        emitted = g.accept(ts % 2, item(ts, ts))
+        assert len(emitted) == 1
+        out.extend(emitted)
+    assert [o[0] for o in out] == [(1,), (2,), (1, 3), (2, 4), (1, 3, 5), (2, 4, 6), (3, 5, 7), (4, 6, 8)]
+    # Each tuple carries its last element's meta plus the grouping's next logical time.
+    assert [(o[1], o[2], o[3]) for o in out] == [(GlobalTime(ts, 0), (0, mark(ts)), False) for ts in range(1, 9)]
+    assert g.replays == 0
+    assert g.size() == 8
+
+
+def test_paper_example_with_stamped_inputs() -> None:
+    g = Grouping(3)
+    out = [
+        e
+        for _, gt, trace, p in stamp_inputs(list(range(1, 9)), per_ms=3)
+        for e in g.accept(p % 2, (p, gt, trace, False))
+    ]
+    assert [o[0] for o in out] == [(1,), (2,), (1, 3), (2, 4), (1, 3, 5), (2, 4, 6), (3, 5, 7), (4, 6, 8)]
+    assert [o[2] for o in out] == [
+        (0, mark(1)),
+        (1, mark(2)),
+        (2, mark(3)),
+        (0, mark(4)),
+        (1, mark(5)),
+        (2, mark(6)),
+        (0, mark(7)),
+        (1, mark(8)),
+    ]
+    assert [o[1].ts for o in out] == [0, 0, 0, 1, 1, 1, 2, 2]
+
+
+def test_window_one_emits_singletons() -> None:
+    g = Grouping(1)
+    assert g.accept("k", item("a", 1)) == [(("a",), GlobalTime(1, 0), (0, mark(1)), False)]
+    assert g.accept("k", item("b", 3)) == [(("b",), GlobalTime(3, 0), (0, mark(2)), False)]
+    # Out of order with window 1: only the newcomer's own window.
+    assert g.accept("k", item("c", 2)) == [(("c",), GlobalTime(2, 0), (0, mark(3)), False)]
+    assert g.replays == 0
+
+
+def test_same_global_time_ordered_by_trace() -> None:
+    g = Grouping(2)
+    g.accept("k", item("x", 5, (1,)))
+    out = g.accept("k", item("y", 5, (0,)))
+    assert out == [
+        (("y",), GlobalTime(5, 0), (0, mark(2)), False),
+        (("x",), GlobalTime(5, 0), (1, mark(1)), True),
+        (("y", "x"), GlobalTime(5, 0), (1, mark(3)), False),
+    ]
+
+
+def test_keys_are_independent() -> None:
+    g = Grouping(2)
+    assert g.accept("a", item(1, 1))[0][0] == (1,)
+    assert g.accept("b", item(2, 2))[0][0] == (2,)
+    assert g.accept("a", item(3, 3))[0][0] == (1, 3)
+    # Out of order in bucket "b" only touches bucket "b".
+    out = g.accept("b", item(0, 0))
+    assert [(o[0], o[3]) for o in out] == [((0,), False), ((2,), True), ((0, 2), False)]
+
+
+# -- replay and tombstones: exact outputs ----------------------------------------------
+
+A = item("a", 1)
+B = item("b", 2)
+C = item("c", 3)
+D = item("d", 4)
+
+
+def test_replay_paper_figure_7() -> None:
+    """Window 2, b arrives after c: the newcomer's window and the next one are re-emitted."""
+    g = Grouping(2)
+    assert g.accept("k", A) == [(("a",), A[1], (0, mark(1)), False)]
+    assert g.accept("k", C) == [(("a", "c"), C[1], (0, mark(2)), False)]
+    assert g.accept("k", B) == [
+        (("a", "b"), B[1], (0, mark(3)), False),
+        (("a", "c"), C[1], (0, mark(2)), True),
+        (("b", "c"), C[1], (0, mark(4)), False),
+    ]
+    assert g.replays == 1
+
+
+def test_replay_window_3_reemits_following_two() -> None:
+    g = Grouping(3)
+    for it in (B, C, D):
+        g.accept("k", it)
+    # emitted so far: (b)@1, (b,c)@2, (b,c,d)@3
+    out = g.accept("k", A)
+    assert out == [
+        (("a",), A[1], (0, mark(4)), False),
+        (("b",), B[1], (0, mark(1)), True),
+        (("a", "b"), B[1], (0, mark(5)), False),
+        (("b", "c"), C[1], (0, mark(2)), True),
+        (("a", "b", "c"), C[1], (0, mark(6)), False),
+    ]
+    # d's window (b, c, d) does not contain a: untouched.
+    assert g.replays == 2
+
+
+def test_tombstone_removes_item_and_replays() -> None:
+    g = Grouping(2)
+    for it in (A, B, C):
+        g.accept("k", it)
+    # emitted: (a)@1, (a,b)@2, (b,c)@3
+    out = g.accept("k", tomb(B))
+    assert out == [
+        (("a", "b"), B[1], (0, mark(2)), True),
+        (("b", "c"), C[1], (0, mark(3)), True),
+        (("a", "c"), C[1], (0, mark(4)), False),
+    ]
+    assert g.size() == 2
+    # Next in-order item sees the bucket without b.
+    assert g.accept("k", D) == [(("c", "d"), D[1], (0, mark(5)), False)]
+
+
+def test_tombstone_of_last_item_only_retracts() -> None:
+    g = Grouping(3)
+    g.accept("k", A)
+    g.accept("k", B)
+    assert g.accept("k", tomb(B)) == [(("a", "b"), B[1], (0, mark(2)), True)]
+    assert g.accept("k", C) == [(("a", "c"), C[1], (0, mark(3)), False)]
+
+
+def test_tombstone_after_replay_retracts_latest_version() -> None:
+    g = Grouping(2)
+    g.accept("k", A)
+    g.accept("k", C)
+    g.accept("k", B)  # (a,b)@3, tomb (a,c)@2, (b,c)@4
+    out = g.accept("k", tomb(A))
+    assert out == [
+        (("a",), A[1], (0, mark(1)), True),
+        (("a", "b"), B[1], (0, mark(3)), True),
+        (("b",), B[1], (0, mark(5)), False),
+    ]
+
+
+def test_tombstone_first_cancels_the_item() -> None:
+    g = Grouping(2)
+    g.accept("k", A)
+    assert g.accept("k", tomb(B)) == []
+    assert g.accept("k", B) == []
+    assert g.size() == 1
+    assert g.accept("k", C) == [(("a", "c"), C[1], (0, mark(2)), False)]
+    # The pending tombstone was consumed: a different item with another meta is unaffected.
+    assert g.accept("k", item("b2", 2, (1,))) == [
+        (("a", "b2"), GlobalTime(2, 0), (1, mark(3)), False),
+        (("a", "c"), C[1], (0, mark(2)), True),
+        (("b2", "c"), C[1], (0, mark(4)), False),
+    ]
+
+
+def test_tombstone_first_in_empty_bucket() -> None:
+    g = Grouping(3)
+    assert g.accept("k", tomb(A)) == []
+    assert g.size() == 0
+    assert g.accept("k", A) == []
+    assert g.accept("k", B) == [(("b",), B[1], (0, mark(1)), False)]
+
+
+def test_duplicate_delivery_raises() -> None:
+    g = Grouping(2)
+    g.accept("k", A)
+    g.accept("k", B)
+    with pytest.raises(ValueError, match="delivered twice"):
+        g.accept("k", B)  # equal to the last item
+    with pytest.raises(ValueError, match="delivered twice"):
+        g.accept("k", A)  # in the middle
+    g.accept("k", C)
+    assert g.size() == 3
+
+
+def test_duplicate_with_different_payload_still_raises() -> None:
+    g = Grouping(2)
+    g.accept("k", A)
+    with pytest.raises(ValueError, match="delivered twice"):
+        g.accept("k", ("other", A[1], A[2], False))
+
+
+# -- trimming -------------------------------------------------------------------------
+
+
+def test_trim_keeps_window_minus_one_below_min_time() -> None:
+    g = Grouping(3)
+    for ts in range(10):
+        g.accept("k", item(ts, ts))
+    g.trim(GlobalTime(6, 0))
+    bucket = g.buckets["k"]
+    assert [m[0].ts for m in bucket.metas] == [4, 5, 6, 7, 8, 9]
+    assert bucket.payloads == [4, 5, 6, 7, 8, 9]
+    # An item at the min time still gets the right window and replays correctly.
+    out = g.accept("k", item("x", 6, (1,)))
+    assert out[0][0] == (5, 6, "x")
+    g.trim(MAX_TIME)
+    assert g.buckets["k"].payloads == [8, 9]
+    assert g.accept("k", item(10, 10)) == [((8, 9, 10), GlobalTime(10, 0), (0, mark(14)), False)]
+
+
+def test_trim_window_one_forgets_everything_below() -> None:
+    g = Grouping(1)
+    for ts in range(5):
+        g.accept(ts % 2, item(ts, ts))
+    g.trim(GlobalTime(3, 0))
+    assert {k: b.payloads for k, b in g.buckets.items()} == {0: [4], 1: [3]}
+    g.trim(MAX_TIME)
+    assert g.size() == 0
+    assert g.buckets == {}
+
+
+def test_trim_bounds_state_and_does_not_change_output() -> None:
+    window, keys, n = 4, 5, 300
+    trimmed, plain = Grouping(window), Grouping(window)
+    out_trimmed, out_plain = [], []
+    for ts in range(n):
+        it = item(ts, ts)
+        out_trimmed += trimmed.accept(ts % keys, it)
+        out_plain += plain.accept(ts % keys, it)
+        trimmed.trim(GlobalTime(ts + 1, 0))  # nothing below ts+1 is still in flight
+        assert trimmed.size() <= keys * (window - 1)
+    assert out_trimmed == out_plain
+    assert trimmed.size() == keys * (window - 1)
+    assert plain.size() == n
+
+
+def test_trim_drops_stale_pending_tombstones() -> None:
+    g = Grouping(2)
+    g.accept("k", tomb(A))
+    g.trim(GlobalTime(1, 0))
+    assert g.buckets["k"].pending == {(A[1], A[2])}
+    g.trim(GlobalTime(2, 0))
+    assert "k" not in g.buckets
+
+
+# -- property: replay converges to the in-order run ------------------------------------
+
+
+def apply(live: Counter[tuple[Any, ...]], emitted: list[Item]) -> None:
+    for payload, gt, trace, tombstone in emitted:
+        key = (gt, trace, payload)
+        if tombstone:
+            assert live[key] > 0, f"retraction of something never emitted: {key}"
+            live[key] -= 1
+            if not live[key]:
+                del live[key]
+        else:
+            live[key] += 1
+
+
+def survivors(live: Counter[tuple[Any, ...]]) -> Counter[tuple[Any, ...]]:
+    """(last element meta, window payload) of every emission still standing."""
+    return Counter({((gt, trace[:-1]), payload): n for (gt, trace, payload), n in live.items()})
+
+
+def in_order(window: int, items: list[tuple[Any, Item]]) -> Counter[tuple[Any, ...]]:
+    g = Grouping(window)
+    live: Counter[tuple[Any, ...]] = Counter()
+    for key, it in sorted(items, key=lambda ki: (ki[1][1], ki[1][2])):
+        out = g.accept(key, it)
+        assert len(out) == 1 and not out[0][3]
+        apply(live, out)
+    return survivors(live)
+
+
+metas = st.tuples(st.integers(0, 5), st.integers(0, 1), st.lists(st.integers(0, 2), min_size=1, max_size=2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(1, 4),
+    specs=st.lists(
+        st.tuples(metas, st.integers(0, 2)), max_size=25, unique_by=lambda s: (s[0][0], s[0][1], tuple(s[0][2]))
+    ),
+    seed=st.integers(0, 2**32),
+)
+def test_any_arrival_order_converges_to_in_order_windows(
+    window: int, specs: list[tuple[tuple[int, int, list[int]], int]], seed: int
+) -> None:
+    items = [
+        (key, (f"p{i}", GlobalTime(ts, front), tuple(trace), False))
+        for i, ((ts, front, trace), key) in enumerate(specs)
+    ]
+    shuffled = list(items)
+    random.Random(seed).shuffle(shuffled)
+    g = Grouping(window)
+    live: Counter[tuple[Any, ...]] = Counter()
+    for key, it in shuffled:
+        apply(live, g.accept(key, it))
+    assert all(n == 1 for n in live.values())
+    assert survivors(live) == in_order(window, items)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(1, 4),
+    specs=st.lists(
+        st.tuples(st.integers(0, 40), st.integers(0, 2), st.booleans()), max_size=25, unique_by=lambda s: s[0]
+    ),
+    seed=st.integers(0, 2**32),
+)
+def test_retractions_in_any_order_converge_to_in_order_windows_of_survivors(
+    window: int, specs: list[tuple[int, int, bool]], seed: int
+) -> None:
+    """Some items are retracted; tombstones may even overtake their item."""
+    items = [(key, item(f"p{ts}", ts)) for ts, key, _ in specs]
+    events = list(items) + [(key, tomb(item(f"p{ts}", ts))) for ts, key, retracted in specs if retracted]
+    random.Random(seed).shuffle(events)
+    g = Grouping(window)
+    live: Counter[tuple[Any, ...]] = Counter()
+    for key, it in events:
+        apply(live, g.accept(key, it))
+    kept = [(key, item(f"p{ts}", ts)) for ts, key, retracted in specs if not retracted]
+    assert survivors(live) == in_order(window, kept)
+    assert g.size() == len(kept)
+    assert all(b.pending in (None, set()) for b in g.buckets.values())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    window=st.integers(1, 4),
+    order=st.permutations(list(range(20))),
+    lag=st.integers(0, 5),
+)
+def test_trim_with_bounded_disorder_keeps_results(window: int, order: list[int], lag: int) -> None:
+    """Trimming at a min time below everything still to come never changes what survives."""
+    items = [(ts % 3, item(ts, ts)) for ts in range(20)]
+    g = Grouping(window)
+    live: Counter[tuple[Any, ...]] = Counter()
+    for n, ts in enumerate(order):
+        apply(live, g.accept(*items[ts]))
+        still_to_come = order[n + 1 :]
+        floor = min(still_to_come, default=20)
+        g.trim(GlobalTime(max(0, floor - lag), 0))
+        for b in g.buckets.values():
+            below = sum(1 for m in b.metas if m[0].ts < max(0, floor - lag))
+            assert below <= window - 1
+    assert survivors(live) == in_order(window, items)

@@ -1,0 +1,398 @@
+"""Tests for the durable segmented log: offsets, rolls, recovery, readers."""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flamestream.log import LogError, SegmentedLog
+
+
+def records(n: int, size: int = 10) -> list[bytes]:
+    """Distinct, recognisable payloads so a shifted offset can't go unnoticed."""
+    return [f"r{i:06d}".encode().ljust(size, b"x") for i in range(n)]
+
+
+def segment_files(directory: Path, suffix: str = ".log") -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix == suffix)
+
+
+def read_all(log: SegmentedLog) -> list[bytes]:
+    return [payload for _, payload in log.read(0, max_records=10**9)]
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path / "log") as log:
+        assert log.append(b"alpha") == 0
+        assert log.append(b"beta") == 1
+        assert log.append_many([b"gamma", b"delta"]) == 2
+        assert log.end_offset == 4
+        assert log.read(0) == [(0, b"alpha"), (1, b"beta"), (2, b"gamma"), (3, b"delta")]
+        assert log.read(2, max_records=1) == [(2, b"gamma")]
+        assert log.read(4) == []
+
+
+def test_empty_batch_returns_end_offset_and_writes_nothing(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path) as log:
+        log.append(b"a")
+        assert log.append_many([]) == 1
+        assert log.end_offset == 1
+        assert read_all(log) == [b"a"]
+
+
+def test_empty_log(tmp_path: Path) -> None:
+    directory = tmp_path / "nested" / "log"
+    with SegmentedLog(directory) as log:
+        assert log.end_offset == 0
+        assert log.read(0) == []
+    assert [p.name for p in segment_files(directory)] == [f"{0:020d}.log"]
+    with SegmentedLog(directory) as log:
+        assert log.end_offset == 0
+        assert log.append(b"first") == 0
+
+
+def test_dense_offsets_across_segment_rolls(tmp_path: Path) -> None:
+    data = records(50)  # 18-byte frames, at most 3 per 64-byte segment
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        offsets = [log.append(r) for r in data[:20]]
+        assert log.append_many(data[20:]) == 20
+        assert offsets == list(range(20))
+        assert log.read(0, max_records=100) == list(enumerate(data))
+    logs = segment_files(tmp_path)
+    assert len(logs) == 17
+    assert [int(p.stem) for p in logs] == list(range(0, 50, 3))
+    assert all(p.stat().st_size <= 64 for p in logs)
+    assert len(segment_files(tmp_path, ".index")) == 17
+
+
+def test_segment_may_be_filled_exactly(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path, segment_bytes=54) as log:  # room for exactly three 18-byte frames
+        log.append_many(records(7))
+    assert [(int(p.stem), p.stat().st_size) for p in segment_files(tmp_path)] == [(0, 54), (3, 54), (6, 18)]
+
+
+def test_persistence_across_reopen(tmp_path: Path) -> None:
+    data = records(30)
+    with SegmentedLog(tmp_path, segment_bytes=100) as log:
+        log.append_many(data[:10])
+    with SegmentedLog(tmp_path, segment_bytes=100) as log:
+        assert log.end_offset == 10
+        assert log.append_many(data[10:]) == 10
+    with SegmentedLog(tmp_path, segment_bytes=100) as log:
+        assert log.end_offset == 30
+        assert read_all(log) == data
+
+
+def test_read_from_middle_of_every_segment(tmp_path: Path) -> None:
+    data = records(40, size=20)  # 28-byte frames, 4 per segment
+    with SegmentedLog(tmp_path, segment_bytes=120) as log:
+        log.append_many(data)
+        bases = [int(p.stem) for p in segment_files(tmp_path)]
+        assert bases == list(range(0, 40, 4))
+        for base in bases:
+            middle = base + 2
+            got = log.read(middle, max_records=5)
+            assert got == [(o, data[o]) for o in range(middle, min(middle + 5, 40))]
+
+
+def test_record_larger_than_segment(tmp_path: Path) -> None:
+    big = bytes(range(256)) * 40  # 10 KiB
+    with SegmentedLog(tmp_path, segment_bytes=1000) as log:
+        assert log.append(b"small") == 0
+        assert log.append(big) == 1
+        assert log.append(b"after") == 2
+        assert log.read(0) == [(0, b"small"), (1, big), (2, b"after")]
+    assert [int(p.stem) for p in segment_files(tmp_path)] == [0, 1, 2]
+    with SegmentedLog(tmp_path, segment_bytes=1000) as log:
+        assert log.read(1, max_records=1) == [(1, big)]
+
+
+def test_invalid_offsets_are_rejected(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path) as log:
+        log.append_many([b"a", b"b"])
+        with pytest.raises(ValueError, match="non-negative, got -1"):
+            log.read(-1)
+        with pytest.raises(ValueError, match=r"offset 3 is beyond the end of the log \(end_offset is 2\)"):
+            log.read(3)
+        with pytest.raises(ValueError, match="max_records must be positive"):
+            log.read(0, max_records=0)
+        assert log.read(2) == []
+
+
+def test_invalid_records_and_arguments_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="segment_bytes must be positive"):
+        SegmentedLog(tmp_path, segment_bytes=0)
+    with SegmentedLog(tmp_path) as log:
+        log.append(b"keep")
+        with pytest.raises(ValueError, match="empty records are not allowed"):
+            log.append_many([b"fine", b""])
+        # The batch was validated before anything was written.
+        assert log.end_offset == 1
+        assert read_all(log) == [b"keep"]
+
+
+def torn_setup(directory: Path, n: int = 11) -> tuple[list[bytes], Path]:
+    """18-byte frames, 3 per segment: with 11 records the last segment holds records 9 and 10."""
+    data = records(n)
+    with SegmentedLog(directory, segment_bytes=64) as log:
+        log.append_many(data)
+    return data, segment_files(directory)[-1]
+
+
+@pytest.mark.parametrize("cut", [1, 5, 8, 12], ids=["1-byte", "mid-header", "header-only", "mid-payload"])
+def test_torn_tail_truncated_record_is_dropped(tmp_path: Path, cut: int) -> None:
+    data, last = torn_setup(tmp_path)
+    good_size = last.stat().st_size - 18  # 18-byte frames: keep the previous records
+    os.truncate(last, good_size + cut)
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert log.end_offset == 10
+        assert read_all(log) == data[:10]
+        assert last.stat().st_size == good_size
+        assert log.append(b"replacement") == 10
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert read_all(log) == [*data[:10], b"replacement"]
+
+
+def test_torn_tail_crc_mismatch_is_dropped(tmp_path: Path) -> None:
+    data, last = torn_setup(tmp_path)
+    raw = bytearray(last.read_bytes())
+    raw[-1] ^= 0xFF
+    last.write_bytes(bytes(raw))
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert log.end_offset == 10
+        assert read_all(log) == data[:10]
+        assert log.append_many([b"x1", b"x2"]) == 10
+        assert log.read(8) == [(8, data[8]), (9, data[9]), (10, b"x1"), (11, b"x2")]
+
+
+def test_zero_filled_tail_is_dropped(tmp_path: Path) -> None:
+    data, last = torn_setup(tmp_path)
+    with open(last, "ab") as f:
+        f.write(bytes(64))
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert read_all(log) == data
+        assert log.append(b"next") == 11
+
+
+def test_torn_tail_emptying_last_segment_keeps_offsets(tmp_path: Path) -> None:
+    data, last = torn_setup(tmp_path, n=10)  # last segment holds only record 9
+    assert int(last.stem) == 9
+    os.truncate(last, 4)
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert log.end_offset == 9
+        assert log.append(b"again") == 9
+        assert log.read(8) == [(8, data[8]), (9, b"again")]
+
+
+def test_missing_indexes_are_rebuilt(tmp_path: Path) -> None:
+    data = records(20)
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(data)
+    originals = {p.name: p.read_bytes() for p in segment_files(tmp_path, ".index")}
+    assert len(originals) == 7
+    for p in segment_files(tmp_path, ".index"):
+        p.unlink()
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert log.end_offset == 20
+        assert log.read(10, max_records=4) == [(o, data[o]) for o in range(10, 14)]
+    assert {p.name: p.read_bytes() for p in segment_files(tmp_path, ".index")} == originals
+
+
+def test_inconsistent_indexes_are_rebuilt(tmp_path: Path) -> None:
+    data = records(20)
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(data)
+    indexes = segment_files(tmp_path, ".index")
+    originals = [p.read_bytes() for p in indexes]
+    indexes[1].write_bytes(struct.pack("<QQQ", 0, 7, 999))  # right length, wrong positions
+    indexes[2].write_bytes(originals[2][:8])  # too short
+    indexes[-1].write_bytes(b"")  # last segment's index lost its unsynced entries
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert read_all(log) == data
+    assert [p.read_bytes() for p in indexes] == originals
+
+
+def test_corrupt_sealed_segment_is_refused(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(records(10))
+    first_log = segment_files(tmp_path)[0]
+    os.truncate(first_log, first_log.stat().st_size - 3)
+    with pytest.raises(LogError, match=r"sealed segment .* holds 2 intact records"):
+        SegmentedLog(tmp_path, segment_bytes=64)
+
+
+def test_missing_first_segment_is_refused(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(records(10))
+    segment_files(tmp_path)[0].unlink()
+    with pytest.raises(LogError, match="first segment starts at offset 3"):
+        SegmentedLog(tmp_path, segment_bytes=64)
+
+
+def test_bit_rot_in_sealed_segment_fails_the_read(tmp_path: Path) -> None:
+    data = records(10)
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(data)
+        first_log = segment_files(tmp_path)[0]
+        raw = bytearray(first_log.read_bytes())
+        raw[18 + 8 + 2] ^= 0x01  # inside record 1's payload
+        first_log.write_bytes(bytes(raw))
+        assert log.read(0, max_records=1) == [(0, data[0])]
+        with pytest.raises(LogError, match=r"record 1 in .* is corrupt"):
+            log.read(0)
+
+
+def test_reader_sees_writer_appends(tmp_path: Path) -> None:
+    data = records(25)
+    with SegmentedLog(tmp_path, segment_bytes=64) as writer:
+        reader = SegmentedLog(tmp_path, segment_bytes=64, readonly=True)
+        assert reader.end_offset == 0
+        assert reader.read(0) == []
+        writer.append_many(data[:2])
+        assert reader.read(0) == [(0, data[0]), (1, data[1])]
+        with pytest.raises(ValueError, match="beyond the end"):
+            reader.read(3)
+        for i in range(2, 25):  # crosses several segment rolls
+            writer.append(data[i])
+            assert reader.end_offset == i + 1
+            assert reader.read(i) == [(i, data[i])]
+        assert read_all(reader) == data
+        with pytest.raises(LogError, match="read-only"):
+            reader.append(b"nope")
+        reader.close()
+        with pytest.raises(ValueError, match="closed"):
+            reader.read(0)
+
+
+def test_reader_ignores_unpublished_tail(tmp_path: Path) -> None:
+    """Bytes without an index entry (a batch in flight, or a torn write) are invisible to readers."""
+    data, last = torn_setup(tmp_path)
+    with open(last, "ab") as f:
+        f.write(b"\x05\x00\x00\x00garbage")
+    with SegmentedLog(tmp_path, readonly=True) as reader:
+        assert reader.end_offset == 11
+        assert read_all(reader) == data
+    assert last.stat().st_size == 2 * 18 + 11  # the reader did not repair anything
+
+
+def test_reader_requires_existing_directory(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        SegmentedLog(tmp_path / "missing", readonly=True)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_second_writer_is_refused(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path) as log:
+        log.append(b"a")
+        with pytest.raises(LogError, match="already open for writing"):
+            SegmentedLog(tmp_path)
+    with SegmentedLog(tmp_path) as log:  # the lock went away with close()
+        assert log.append(b"b") == 1
+
+
+def test_one_fsync_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        calls.append(fd)
+        real_fsync(fd)
+
+    with SegmentedLog(tmp_path) as log:
+        monkeypatch.setattr(os, "fsync", counting_fsync)
+        log.append_many(records(500))
+        assert len(calls) == 1
+        log.append(b"one more")
+        assert len(calls) == 2
+
+
+def test_fsync_disabled_never_syncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(fd: int) -> None:
+        raise AssertionError("fsync called")
+
+    monkeypatch.setattr(os, "fsync", forbidden)
+    with SegmentedLog(tmp_path, segment_bytes=64, fsync=False) as log:
+        log.append_many(records(20))
+    with SegmentedLog(tmp_path, segment_bytes=64, fsync=False) as log:
+        assert read_all(log) == records(20)
+
+
+def test_failed_append_blocks_writes_until_reopen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = SegmentedLog(tmp_path)
+    log.append(b"durable")
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "simulated EIO")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", failing_fsync)
+        with pytest.raises(OSError, match="simulated EIO"):
+            log.append(b"unsure")
+    with pytest.raises(LogError, match="earlier append failed"):
+        log.append(b"later")
+    assert log.read(0) == [(0, b"durable")]  # the unsynced record was never published
+    log.close()
+    with SegmentedLog(tmp_path) as log:
+        # The write reached the page cache, so after reopen it is on disk and intact.
+        assert read_all(log) == [b"durable", b"unsure"]
+        assert log.append(b"later") == 2
+
+
+def test_closed_log_rejects_use(tmp_path: Path) -> None:
+    log = SegmentedLog(tmp_path)
+    log.close()
+    log.close()
+    with pytest.raises(ValueError, match="closed"):
+        log.append(b"a")
+    with pytest.raises(ValueError, match="closed"):
+        _ = log.end_offset
+
+
+payloads = st.binary(min_size=1, max_size=40)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), payloads),
+        st.tuples(st.just("append_many"), st.lists(payloads, max_size=8)),
+        st.tuples(st.just("reopen"), st.none()),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operations, segment_bytes=st.integers(min_value=1, max_value=200), start=st.integers(0, 60))
+def test_any_operation_sequence_reads_back_in_order(
+    ops: list[tuple[str, object]], segment_bytes: int, start: int
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        expected: list[bytes] = []
+        log = SegmentedLog(directory, segment_bytes=segment_bytes, fsync=False)
+        reader = SegmentedLog(directory, readonly=True)
+        try:
+            for name, arg in ops:
+                if name == "append":
+                    assert isinstance(arg, bytes)
+                    assert log.append(arg) == len(expected)
+                    expected.append(arg)
+                elif name == "append_many":
+                    assert isinstance(arg, list)
+                    assert log.append_many(arg) == len(expected)
+                    expected.extend(arg)
+                else:
+                    log.close()
+                    log = SegmentedLog(directory, segment_bytes=segment_bytes, fsync=False)
+                assert log.end_offset == len(expected)
+            assert read_all(log) == expected
+            assert read_all(reader) == expected
+            offset = min(start, len(expected))
+            assert log.read(offset, max_records=7) == list(enumerate(expected))[offset : offset + 7]
+        finally:
+            log.close()
+            reader.close()

@@ -1,0 +1,127 @@
+"""Hash-range layouts and ticks (paper §2.3, §4), plus the stable int32 hashing they cut."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flamestream.hashing import INT32_MAX, INT32_MIN, constant_hash, stable_hash, to_int32
+from flamestream.meta import GlobalTime
+from flamestream.tick import Layout, Tick
+
+int32s = st.integers(INT32_MIN, INT32_MAX)
+
+
+def test_single_worker_owns_everything() -> None:
+    layout = Layout.even(1)
+    assert layout.starts == (INT32_MIN,)
+    assert layout.workers == 1
+    assert layout.range_of(0) == (INT32_MIN, INT32_MAX)
+    for h in (INT32_MIN, -1, 0, 1, INT32_MAX):
+        assert layout.owner(h) == 0
+
+
+def test_even_two_and_four() -> None:
+    assert Layout.even(2).starts == (INT32_MIN, 0)
+    four = Layout.even(4)
+    assert four.starts == (INT32_MIN, -(1 << 30), 0, 1 << 30)
+    assert [four.range_of(i) for i in range(4)] == [
+        (INT32_MIN, -(1 << 30) - 1),
+        (-(1 << 30), -1),
+        (0, (1 << 30) - 1),
+        (1 << 30, INT32_MAX),
+    ]
+    probes = (INT32_MIN, -(1 << 30) - 1, -(1 << 30), -1, 0, (1 << 30) - 1, 1 << 30)
+    assert [four.owner(h) for h in probes] == [0, 0, 1, 1, 2, 2, 3]
+    assert four.owner(INT32_MAX) == 3
+
+
+def test_even_three_has_uneven_last_range() -> None:
+    three = Layout.even(3)
+    assert three.starts == (-2147483648, -715827883, 715827882)
+    assert three.range_of(2) == (715827882, INT32_MAX)
+
+
+@given(st.integers(1, 200))
+def test_even_ranges_are_contiguous_and_cover_int32(n: int) -> None:
+    layout = Layout.even(n)
+    assert layout.workers == n
+    ranges = [layout.range_of(i) for i in range(n)]
+    assert ranges[0][0] == INT32_MIN
+    assert ranges[-1][1] == INT32_MAX
+    for (_, hi), (lo, _) in itertools.pairwise(ranges):
+        assert lo == hi + 1
+    sizes = [hi - lo + 1 for lo, hi in ranges]
+    assert sum(sizes) == 1 << 32
+    assert max(sizes) - min(sizes) < n  # even up to the remainder
+
+
+@given(st.integers(1, 200), int32s)
+def test_owner_is_the_range_index(n: int, h: int) -> None:
+    layout = Layout.even(n)
+    i = layout.owner(h)
+    assert 0 <= i < n
+    lo, hi = layout.range_of(i)
+    assert lo <= h <= hi
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_even_needs_a_worker(n: int) -> None:
+    with pytest.raises(ValueError, match="at least one worker"):
+        Layout.even(n)
+
+
+@pytest.mark.parametrize(
+    "starts",
+    [(), (0,), (INT32_MIN + 1,), (INT32_MIN, 5, 5), (INT32_MIN, 10, 3)],
+)
+def test_layout_rejects_bad_starts(starts: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="strictly increasing"):
+        Layout(starts)
+
+
+def test_custom_layout() -> None:
+    layout = Layout((INT32_MIN, -10, 10))
+    assert layout.owner(-11) == 0
+    assert layout.owner(-10) == 1
+    assert layout.owner(9) == 1
+    assert layout.owner(10) == 2
+    assert layout.range_of(1) == (-10, 9)
+
+
+def test_tick_is_frozen_plain_data() -> None:
+    tick = Tick(1, GlobalTime(0, 0), {"name": "g"}, Layout.even(2))
+    assert tick.layout.workers == 2
+    assert tick == Tick(1, GlobalTime(0, 0), {"name": "g"}, Layout.even(2))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tick.number = 2  # type: ignore[misc]
+
+
+def test_to_int32_folds() -> None:
+    assert to_int32(0) == 0
+    assert to_int32(INT32_MAX) == INT32_MAX
+    assert to_int32(INT32_MAX + 1) == INT32_MIN
+    assert to_int32(0xFFFFFFFF) == -1
+    assert to_int32(-1) == -1
+    assert to_int32(1 << 32) == 0
+    assert to_int32((1 << 40) + 5) == 5
+
+
+@given(st.integers(-(1 << 70), 1 << 70))
+def test_to_int32_is_congruent_and_in_range(v: int) -> None:
+    r = to_int32(v)
+    assert INT32_MIN <= r <= INT32_MAX
+    assert (r - v) % (1 << 32) == 0
+
+
+def test_stable_hash_known_values() -> None:
+    # crc32(b"a") == 0xE8B7BE43, folded into int32
+    assert stable_hash("a") == 0xE8B7BE43 - (1 << 32) == -390611389
+    assert stable_hash(b"a") == stable_hash("a")
+    assert stable_hash(7) == 1790921346  # crc32(b"7"): repr of non-strings
+    assert stable_hash(7) == stable_hash("7")
+    assert constant_hash("anything") == 0
