@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=positive, default=2, help="simulated workers (hash ranges), default 2")
     run.add_argument("--fronts", type=positive, default=1, help="simulated fronts, default 1")
     run.add_argument("--seed", type=int, default=0, help="seed of the delivery scheduler, default 0")
-    run.add_argument("--batch", type=positive, default=64, help="max events a front injects per step, default 64")
+    run.add_argument("--batch", type=positive, default=1,
+                     help="max events a front injects per step (bursts cause more replays), default 1")
     run.add_argument("--adversarial", action="store_true", help="skew channel speeds to force replays")
     run.add_argument("--oracle", action="store_true", help="run the sequential oracle instead of the runtime")
     run.add_argument("--stats", action="store_true", help="print run statistics as JSON on stderr")

@@ -60,6 +60,8 @@ class Grouping:
         self._dirty: set[Hashable] = set()
         self.replays = 0
         """Windows re-emitted because of out-of-order arrivals or retractions."""
+        self.held = 0
+        """Items currently held across all buckets (state size)."""
 
     def accept(self, key: Hashable, item: Item) -> list[Item]:
         """Insert (or, for a tombstone, remove) ``item``; return emitted tuples and retractions."""
@@ -83,6 +85,7 @@ class Grouping:
             if pos < n and metas[pos] == meta:
                 raise ValueError(f"item with meta {meta} delivered twice to a grouping")
         metas.insert(pos, meta)
+        self.held += 1
         bucket.payloads.insert(pos, payload)
         bucket.emitted.insert(pos, None)
         return self._emit(bucket, pos, pos + self.window)
@@ -100,6 +103,7 @@ class Grouping:
         if gone is not None:
             out.append((gone[1], meta[0], gone[0], True))
         del metas[pos], bucket.payloads[pos], bucket.emitted[pos]
+        self.held -= 1
         out.extend(self._emit(bucket, pos, pos + self.window - 1))
         return out
 
@@ -131,6 +135,7 @@ class Grouping:
             drop = cut - keep
             if drop > 0:
                 del bucket.metas[:drop], bucket.payloads[:drop], bucket.emitted[:drop]
+                self.held -= drop
             if bucket.pending:
                 bucket.pending = {m for m in bucket.pending if m[0] >= min_time} or None
         self._dirty = {k for k in self._dirty if self._needs_trim(k)}
@@ -141,7 +146,3 @@ class Grouping:
             return len(bucket.metas) > self.window - 1 or bucket.pending is not None
         del self.buckets[key]
         return False
-
-    def size(self) -> int:
-        """Items held across all buckets (for state-growth checks)."""
-        return sum(len(b.metas) for b in self.buckets.values())

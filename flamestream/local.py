@@ -70,7 +70,9 @@ class RunResult:
 
 class LocalRuntime:
     def __init__(self, graph: Graph, workers: int = 1, fronts: int = 1, seed: int = 0, per_ms: int = 1,
-                 batch: int = 64, adversarial: bool = False) -> None:
+                 batch: int = 1, adversarial: bool = False) -> None:
+        """``batch`` bounds how many events a front injects in one step (drawn uniformly from 1..batch):
+        bursts put more items in flight at once and so cause more out-of-order arrivals and replays."""
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.plan = compile_graph(graph)

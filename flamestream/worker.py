@@ -104,4 +104,4 @@ class Worker:
         return sum(g.replays for g in self.groupings.values())
 
     def state_size(self) -> int:
-        return sum(g.size() for g in self.groupings.values())
+        return sum(g.held for g in self.groupings.values())

@@ -45,7 +45,7 @@ def test_paper_example_parity_window_3() -> None:
     # Each tuple carries its last element's meta plus the grouping's next logical time.
     assert [(o[1], o[2], o[3]) for o in out] == [(GlobalTime(ts, 0), (0, mark(ts)), False) for ts in range(1, 9)]
     assert g.replays == 0
-    assert g.size() == 8
+    assert g.held == 8
 
 
 def test_paper_example_with_stamped_inputs() -> None:
@@ -148,7 +148,7 @@ def test_tombstone_removes_item_and_replays() -> None:
         (("b", "c"), C[1], (0, mark(3)), True),
         (("a", "c"), C[1], (0, mark(4)), False),
     ]
-    assert g.size() == 2
+    assert g.held == 2
     # Next in-order item sees the bucket without b.
     assert g.accept("k", D) == [(("c", "d"), D[1], (0, mark(5)), False)]
 
@@ -179,7 +179,7 @@ def test_tombstone_first_cancels_the_item() -> None:
     g.accept("k", A)
     assert g.accept("k", tomb(B)) == []
     assert g.accept("k", B) == []
-    assert g.size() == 1
+    assert g.held == 1
     assert g.accept("k", C) == [(("a", "c"), C[1], (0, mark(2)), False)]
     # The pending tombstone was consumed: a different item with another meta is unaffected.
     assert g.accept("k", item("b2", 2, (1,))) == [
@@ -192,7 +192,7 @@ def test_tombstone_first_cancels_the_item() -> None:
 def test_tombstone_first_in_empty_bucket() -> None:
     g = Grouping(3)
     assert g.accept("k", tomb(A)) == []
-    assert g.size() == 0
+    assert g.held == 0
     assert g.accept("k", A) == []
     assert g.accept("k", B) == [(("b",), B[1], (0, mark(1)), False)]
 
@@ -206,7 +206,7 @@ def test_duplicate_delivery_raises() -> None:
     with pytest.raises(ValueError, match="delivered twice"):
         g.accept("k", A)  # in the middle
     g.accept("k", C)
-    assert g.size() == 3
+    assert g.held == 3
 
 
 def test_duplicate_with_different_payload_still_raises() -> None:
@@ -242,7 +242,7 @@ def test_trim_window_one_forgets_everything_below() -> None:
     g.trim(GlobalTime(3, 0))
     assert {k: b.payloads for k, b in g.buckets.items()} == {0: [4], 1: [3]}
     g.trim(MAX_TIME)
-    assert g.size() == 0
+    assert g.held == 0
     assert g.buckets == {}
 
 
@@ -255,10 +255,10 @@ def test_trim_bounds_state_and_does_not_change_output() -> None:
         out_trimmed += trimmed.accept(ts % keys, it)
         out_plain += plain.accept(ts % keys, it)
         trimmed.trim(GlobalTime(ts + 1, 0))  # nothing below ts+1 is still in flight
-        assert trimmed.size() <= keys * (window - 1)
+        assert trimmed.held <= keys * (window - 1)
     assert out_trimmed == out_plain
-    assert trimmed.size() == keys * (window - 1)
-    assert plain.size() == n
+    assert trimmed.held == keys * (window - 1)
+    assert plain.held == n
 
 
 def test_trim_drops_stale_pending_tombstones() -> None:
@@ -349,7 +349,7 @@ def test_retractions_in_any_order_converge_to_in_order_windows_of_survivors(
         apply(live, g.accept(key, it))
     kept = [(key, item(f"p{ts}", ts)) for ts, key, retracted in specs if not retracted]
     assert survivors(live) == in_order(window, kept)
-    assert g.size() == len(kept)
+    assert g.held == len(kept)
     assert all(b.pending in (None, set()) for b in g.buckets.values())
 
 
