@@ -48,9 +48,41 @@ class Layout:
 
 @dataclass(frozen=True)
 class Tick:
-    """A time interval [start, end) of global time, its graph (plain data) and layout."""
+    """A graph deployment: from global time ``start`` on, ``graph`` runs on this layout and these processes.
+
+    Stored as JSON in ZooKeeper (``ticks/<n>``); every component watches the
+    ticks and (re)configures itself when a new one appears.  Worker ``i`` of
+    ``workers`` owns hash range ``i`` of ``layout``; barrier partitions are
+    front ids.
+    """
 
     number: int
     start: GlobalTime
     graph: dict[str, Any]
     layout: Layout
+    workers: tuple[str, ...] = ()
+    fronts: tuple[int, ...] = ()
+    acker: str = ""
+    barriers: tuple[tuple[int, str], ...] = ()
+    """(partition = front id, barrier address)."""
+
+    def barrier_of(self, front: int) -> str:
+        for partition, address in self.barriers:
+            if partition == front:
+                return address
+        raise KeyError(f"no barrier owns partition {front}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "start": list(self.start), "graph": self.graph,
+                "layout": list(self.layout.starts), "workers": list(self.workers), "fronts": list(self.fronts),
+                "acker": self.acker, "barriers": [[p, a] for p, a in self.barriers]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tick:
+        try:
+            return cls(number=int(data["number"]), start=GlobalTime(*map(int, data["start"])), graph=data["graph"],
+                       layout=Layout(tuple(int(s) for s in data["layout"])),
+                       workers=tuple(str(w) for w in data["workers"]), fronts=tuple(int(f) for f in data["fronts"]),
+                       acker=str(data["acker"]), barriers=tuple((int(p), str(a)) for p, a in data["barriers"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed tick: {exc!r}") from exc

@@ -1,0 +1,64 @@
+"""Encoding of what crosses process boundaries: payloads, item batches, acks.
+
+Client payloads and released records are JSON (the public format).  Batches
+between workers and to barriers are pickled lists of envelopes/items: the
+channel is internal to the cluster, and pickle keeps payload types exact (a
+tuple stays a tuple), which determinism across workers needs — the same item
+must look identical whether it was processed locally or arrived over the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from flamestream.meta import GlobalTime
+from flamestream.wire import flamestream_pb2 as pb
+
+_ack_random = random.Random()
+
+
+class PayloadError(ValueError):
+    """A client payload is not a JSON value."""
+
+
+def decode_payload(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PayloadError(f"payload is not valid JSON: {exc}") from exc
+
+
+def encode_payload(payload: Any) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, default=repr, separators=(",", ":")).encode()
+
+
+def new_acks(times: Iterable[GlobalTime]) -> dict[GlobalTime, int]:
+    """One fresh random 64-bit ack value per global time of a batch about to be sent."""
+    return {gt: _ack_random.getrandbits(64) for gt in times}
+
+
+def xor_into(total: dict[GlobalTime, int], acks: dict[GlobalTime, int]) -> None:
+    """Combine acks so one message carries a whole processing step (receives and sends at once)."""
+    for gt, value in acks.items():
+        total[gt] = total.get(gt, 0) ^ value
+
+
+def ack_messages(acks: dict[GlobalTime, int]) -> list[pb.Ack]:
+    return [pb.Ack(ts=gt.ts, front=gt.front, xor=value) for gt, value in acks.items() if value]
+
+
+def acks_of(messages: Iterable[pb.Ack]) -> dict[GlobalTime, int]:
+    return {GlobalTime(a.ts, a.front): a.xor for a in messages}
+
+
+def encode_batch(entries: list[Any], acks: dict[GlobalTime, int], sender: int) -> pb.ItemBatch:
+    return pb.ItemBatch(items=pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL), acks=ack_messages(acks),
+                        sender=sender)
+
+
+def decode_batch(batch: pb.ItemBatch) -> tuple[list[Any], dict[GlobalTime, int]]:
+    return pickle.loads(batch.items), acks_of(batch.acks)

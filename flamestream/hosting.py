@@ -1,0 +1,100 @@
+"""What every service process shares: arguments, gRPC server, ZooKeeper membership, ticks, shutdown.
+
+Each service package (fronts, workers, acker, barrier) is a thin shell: it
+builds its servicer around a core class and hands it to ``Host``, which binds a
+grpc.aio server on a loopback port (port 0 picks a free one), serves the
+standard gRPC health check, registers the address as an ephemeral ZooKeeper
+member, delivers every tick published in ZooKeeper to the service in order on
+the event loop, and stops cleanly on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import grpc
+import uvloop
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from flamestream.cluster import ClusterStore
+from flamestream.tick import Tick
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
+
+def add_host_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    parser.add_argument("--zookeeper", required=True, help="ZooKeeper connect string, HOST:PORT")
+    parser.add_argument("--cluster", default="default", help="cluster name (ZooKeeper namespace), default 'default'")
+    parser.add_argument("--name", default=role, help=f"member name, unique per role (default {role!r})")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind and advertise, default 127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="port to bind, 0 = any free port (default)")
+
+
+def channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+
+
+class Host:
+    def __init__(self, role: str, args: argparse.Namespace) -> None:
+        self.role = role
+        self.name: str = args.name
+        self.args = args
+        self.store = ClusterStore(args.zookeeper, cluster=args.cluster)
+        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.address = ""
+        self._ticks: asyncio.Queue[Tick] = asyncio.Queue()
+        self._stopped = asyncio.Event()
+
+    async def start(self, register: Callable[[grpc.aio.Server], None], info: dict[str, Any] | None = None) -> str:
+        """Serve, register in ZooKeeper, start receiving ticks; returns the advertised address."""
+        register(self.server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
+        port = self.server.add_insecure_port(f"{self.args.host}:{self.args.port}")
+        if port == 0:
+            raise SystemExit(f"{self.role}: cannot bind {self.args.host}:{self.args.port}")
+        await self.server.start()
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.address = f"{self.args.host}:{port}"
+        await asyncio.to_thread(self.store.start)
+        await asyncio.to_thread(self.store.register, self.role, self.name, {"address": self.address, **(info or {})})
+        loop = asyncio.get_running_loop()
+
+        def on_tick(number: int, data: dict[str, Any]) -> None:  # kazoo's thread
+            try:
+                tick = Tick.from_dict({**data, "number": number})
+            except ValueError as exc:
+                print(f"{self.role} {self.name}: ignoring tick {number}: {exc}", file=sys.stderr, flush=True)
+                return
+            loop.call_soon_threadsafe(self._ticks.put_nowait, tick)
+
+        await asyncio.to_thread(self.store.watch_ticks, on_tick)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopped.set)
+        print(f"ready {self.role} {self.name} {self.address}", flush=True)
+        return self.address
+
+    async def ticks(self) -> AsyncIterator[Tick]:
+        while True:
+            yield await self._ticks.get()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        await self.server.stop(grace=1.0)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.store.stop)
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a service's main coroutine on uvloop."""
+    uvloop.run(main())

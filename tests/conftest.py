@@ -1,0 +1,30 @@
+"""Shared fixtures: one real ZooKeeper server for every test that needs one (tests isolate by cluster name)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordinator.zookeeper import ZooKeeperServer
+
+_clusters = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Address (HOST:PORT) of a real ZooKeeper started for this test session."""
+    server = ZooKeeperServer(Path(tmp_path_factory.mktemp("zookeeper")))
+    server.start()
+    try:
+        yield server.address
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster_name() -> str:
+    """A fresh cluster name, so tests sharing the ZooKeeper never see each other's ticks or members."""
+    return f"test{next(_clusters)}"
