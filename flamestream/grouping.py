@@ -24,6 +24,7 @@ before an item with a smaller global time, so a bucket keeps only the last
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left
 from collections.abc import Hashable
 from typing import Any
@@ -37,7 +38,7 @@ MetaKey = tuple[GlobalTime, Trace]
 class Bucket:
     """Items of one key in meta order, with the tuple last emitted for each."""
 
-    __slots__ = ("emitted", "metas", "payloads", "pending")
+    __slots__ = ("deadline", "emitted", "metas", "payloads", "pending")
 
     def __init__(self) -> None:
         self.metas: list[MetaKey] = []
@@ -45,6 +46,9 @@ class Bucket:
         self.emitted: list[tuple[Trace, tuple[Any, ...]] | None] = []
         self.pending: set[MetaKey] | None = None
         """Tombstones that overtook their item (only on non-FIFO paths)."""
+        self.deadline: GlobalTime | None = None
+        """Global time of the entry at index window-1 when last noted: nothing is trimmable before min time passes
+        it.  Removals only ever move the real one later, so a noted deadline is never too late."""
 
 
 class Grouping:
@@ -57,7 +61,9 @@ class Grouping:
         self.buckets: dict[Hashable, Bucket] = {}
         self.clock = 0
         """Logical time: bumped per emission, so re-emissions outrank what they replace."""
-        self._dirty: set[Hashable] = set()
+        self._deadlines: list[tuple[GlobalTime, int, Hashable]] = []
+        self._sequence = 0
+        self._pending_keys: set[Hashable] = set()
         self.replays = 0
         """Windows re-emitted because of out-of-order arrivals or retractions."""
         self.held = 0
@@ -68,11 +74,10 @@ class Grouping:
         bucket = self.buckets.get(key)
         if bucket is None:
             bucket = self.buckets[key] = Bucket()
-        self._dirty.add(key)
         payload, gt, trace, tombstone = item
         meta = (gt, trace)
         if tombstone:
-            return self._remove(bucket, meta)
+            return self._remove(key, bucket, meta)
         if bucket.pending and meta in bucket.pending:
             bucket.pending.discard(meta)
             return []
@@ -88,15 +93,25 @@ class Grouping:
         self.held += 1
         bucket.payloads.insert(pos, payload)
         bucket.emitted.insert(pos, None)
+        if n + 1 >= self.window and pos < self.window:
+            self._note_deadline(key, bucket)
         return self._emit(bucket, pos, pos + self.window)
 
-    def _remove(self, bucket: Bucket, meta: MetaKey) -> list[Item]:
+    def _note_deadline(self, key: Hashable, bucket: Bucket) -> None:
+        deadline = bucket.metas[self.window - 1][0]
+        if bucket.deadline is None or deadline < bucket.deadline:
+            bucket.deadline = deadline
+            self._sequence += 1
+            heapq.heappush(self._deadlines, (deadline, self._sequence, key))
+
+    def _remove(self, key: Hashable, bucket: Bucket, meta: MetaKey) -> list[Item]:
         metas = bucket.metas
         pos = bisect_left(metas, meta)
         if pos == len(metas) or metas[pos] != meta:
             if bucket.pending is None:
                 bucket.pending = set()
             bucket.pending.add(meta)
+            self._pending_keys.add(key)
             return []
         out: list[Item] = []
         gone = bucket.emitted[pos]
@@ -126,23 +141,32 @@ class Grouping:
         return out
 
     def trim(self, min_time: GlobalTime) -> None:
-        """Forget what no future window can need once ``min_time`` has passed."""
+        """Forget what no future window can need once ``min_time`` has passed.
+
+        Only buckets whose deadline passed are visited, so trimming costs what it drops.
+        """
         keep = self.window - 1
         floor = (min_time,)
-        for key in self._dirty:
-            bucket = self.buckets[key]
-            cut = bisect_left(bucket.metas, floor)
-            drop = cut - keep
+        heap = self._deadlines
+        while heap and heap[0][0] < min_time:
+            deadline, _, key = heapq.heappop(heap)
+            bucket = self.buckets.get(key)
+            if bucket is None or bucket.deadline != deadline:
+                continue  # superseded by an earlier deadline that was handled already
+            drop = bisect_left(bucket.metas, floor) - keep
             if drop > 0:
                 del bucket.metas[:drop], bucket.payloads[:drop], bucket.emitted[:drop]
                 self.held -= drop
-            if bucket.pending:
+            bucket.deadline = None
+            if len(bucket.metas) > keep:
+                self._note_deadline(key, bucket)
+            elif not bucket.metas and not bucket.pending:
+                del self.buckets[key]
+        for key in list(self._pending_keys):
+            bucket = self.buckets.get(key)
+            if bucket is not None and bucket.pending:
                 bucket.pending = {m for m in bucket.pending if m[0] >= min_time} or None
-        self._dirty = {k for k in self._dirty if self._needs_trim(k)}
-
-    def _needs_trim(self, key: Hashable) -> bool:
-        bucket = self.buckets[key]
-        if bucket.metas or bucket.pending:
-            return len(bucket.metas) > self.window - 1 or bucket.pending is not None
-        del self.buckets[key]
-        return False
+            if bucket is None or not bucket.pending:
+                self._pending_keys.discard(key)
+                if bucket is not None and not bucket.metas:
+                    del self.buckets[key]

@@ -35,7 +35,7 @@ class Worker:
 
     def process(self, envelopes: list[Envelope]) -> Outbox:
         plan = self.plan
-        kinds, fns, routes, names = plan.kinds, plan.fns, plan.routes, plan.names
+        kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
         groupings = self.groupings
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
@@ -47,39 +47,41 @@ class Worker:
             try:
                 if kind == MAP:
                     fn: Any = fns[op]
-                    outs = [(p, gt, trace + (i,), tomb) for i, p in enumerate(fn(payload))]
+                    targets = [(routes[op][0], [(p, gt, trace + (i,), tomb) for i, p in enumerate(fn(payload))])]
                 elif kind == GROUPING:
                     eq = plan.equivalences[op]
-                    outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
+                    targets = [(routes[op][0], groupings[op].accept(h if eq is None else (h, eq(payload)), item))]
                 elif kind == MERGE:
-                    outs = [(payload, gt, trace + (0,), tomb)]
+                    targets = [(routes[op][0], [(payload, gt, trace + (0,), tomb)])]
                 elif kind == BROADCAST:
-                    for i, dst in enumerate(routes[op]):
-                        self._route(dst, [(payload, gt, trace + (i,), tomb)], stack, remote, barrier)
-                    continue
+                    targets = [(dst, [(payload, gt, trace + (i,), tomb)]) for i, dst in enumerate(routes[op])]
                 else:
                     barrier.append(item)
                     continue
             except Exception as exc:  # business logic failed: dead letter, never a dead worker
                 barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
                 continue
-            if outs:
-                self._route(routes[op][0], outs, stack, remote, barrier)
+            local: list[Envelope] = []
+            for dst, outs in targets:
+                if not outs:
+                    continue
+                if kinds[dst] == SINK:
+                    barrier.extend(outs)
+                elif balances[dst] is None:
+                    local.extend([(dst, None, out) for out in outs])
+                else:
+                    self._route_hashed(dst, outs, local, remote, barrier)
+            if local:
+                local.reverse()
+                stack.extend(local)
         return remote, barrier
 
-    def _route(self, dst: int, items: list[Item], stack: list[Envelope], remote: dict[int, list[Envelope]],
-               barrier: list[Item]) -> None:
-        """Send ``items`` (in order) to operation ``dst``: onto the local stack, to a remote worker or the barrier."""
+    def _route_hashed(self, dst: int, items: list[Item], local: list[Envelope], remote: dict[int, list[Envelope]],
+                      barrier: list[Item]) -> None:
+        """Route ``items`` bound to ``dst`` by its balancing function: here, to a remote worker, or dead letter."""
         plan = self.plan
-        if plan.kinds[dst] == SINK:
-            barrier.extend(items)
-            return
-        balance = plan.balances[dst]
-        if balance is None:
-            stack.extend([(dst, None, item) for item in reversed(items)])
-            return
+        balance: Any = plan.balances[dst]
         lo, hi = self.lo, self.hi
-        local: list[Envelope] = []
         for item in items:
             try:
                 h = balance(item[0])
@@ -90,9 +92,6 @@ class Worker:
                 local.append((dst, h, item))
             else:
                 remote.setdefault(self.layout.owner(h), []).append((dst, h, item))
-        if local:
-            local.reverse()
-            stack.extend(local)
 
     def on_min_time(self, min_time: GlobalTime) -> None:
         """The acker's minimal time moved: trim grouping state."""
