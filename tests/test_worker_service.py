@@ -1,0 +1,106 @@
+"""The worker process on its own: real process, real gRPC; acker and barrier stood in for by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from examples import wordcount
+from flamestream import codec
+from flamestream.cluster import ClusterStore
+from flamestream.meta import GlobalTime
+from flamestream.plan import compile_graph
+from flamestream.tick import Layout, Tick
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as rpc
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class StandIns(rpc.AckerServicer, rpc.BarrierServicer):
+    def __init__(self) -> None:
+        self.acks: list[dict[GlobalTime, int]] = []
+        self.delivered: list[tuple[list[Any], dict[GlobalTime, int]]] = []
+        self.min_times: asyncio.Queue[pb.GlobalTime] = asyncio.Queue()
+        self.changed = asyncio.Event()
+
+    async def Ack(self, request_iterator: Any, context: Any) -> pb.Empty:
+        async for batch in request_iterator:
+            self.acks.append(codec.acks_of(batch.acks))
+            self.changed.set()
+        return pb.Empty()
+
+    async def WatchMinTime(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.GlobalTime]:
+        while True:
+            yield await self.min_times.get()
+
+    async def Deliver(self, request_iterator: Any, context: Any) -> pb.Empty:
+        async for batch in request_iterator:
+            self.delivered.append(codec.decode_batch(batch))
+            self.changed.set()
+        return pb.Empty()
+
+
+def xor_all(acks: list[dict[GlobalTime, int]], gt: GlobalTime) -> int:
+    return reduce(lambda a, b: a ^ b, (a.get(gt, 0) for a in acks), 0)
+
+
+async def scenario(zookeeper: str, cluster: str) -> None:
+    stand_ins = StandIns()
+    server = grpc.aio.server()
+    rpc.add_AckerServicer_to_server(stand_ins, server)
+    rpc.add_BarrierServicer_to_server(stand_ins, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    worker = subprocess.Popen([sys.executable, "-m", "workers", "--zookeeper", zookeeper, "--cluster", cluster,
+                               "--index", "0"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        ready = (await asyncio.to_thread(worker.stdout.readline)).split()
+        assert ready[:3] == ["ready", "worker", "worker0"], ready
+        here = f"127.0.0.1:{port}"
+        graph = wordcount.graph().to_dict()
+        with ClusterStore(zookeeper, cluster=cluster) as store:
+            store.publish_tick(Tick(0, GlobalTime(0, 0), graph, Layout.even(1), workers=(ready[3],), fronts=(0,),
+                                    acker=here, barriers=((0, here),)).to_dict())
+        plan = compile_graph(wordcount.graph())
+        gt = GlobalTime(5, 0)
+        envelopes = [(plan.entry, plan.entry_balance(line), (line, gt, (seq,), False))
+                     for seq, line in enumerate(["a dog", "a dog and a cat"])]
+        sent = codec.new_acks([gt])
+        async with grpc.aio.insecure_channel(ready[3]) as channel:
+            call = rpc.WorkerStub(channel).Exchange()
+            await call.write(codec.encode_batch(envelopes, sent, sender=-1))
+            for _ in range(100):
+                records = [item for items, _ in stand_ins.delivered for item in items]
+                receipts = stand_ins.acks + [acks for _, acks in stand_ins.delivered]
+                if len(records) == 7 and xor_all(receipts, gt) == sent[gt]:
+                    break
+                stand_ins.changed.clear()
+                await asyncio.wait_for(stand_ins.changed.wait(), 10)
+            await call.done_writing()
+        assert [item[0] for item in records] == [{"word": "a", "count": 1}, {"word": "dog", "count": 1},
+                                                 {"word": "a", "count": 2}, {"word": "dog", "count": 2},
+                                                 {"word": "and", "count": 1}, {"word": "a", "count": 3},
+                                                 {"word": "cat", "count": 1}]
+        assert all(item[1] == gt and not item[3] for item in records)
+        # The worker's acks XOR the barrier batches' acks equal what the sender acked: receipt cancels send,
+        # and the barrier's own receipt acks (not sent by this stand-in) would cancel the rest.
+        assert xor_all(stand_ins.acks + [acks for _, acks in stand_ins.delivered], gt) == sent[gt]
+    finally:
+        worker.terminate()
+        assert await asyncio.to_thread(worker.wait, 20) == 0
+        await server.stop(None)
+
+
+def test_worker_processes_batches_and_acks_per_step(zookeeper: str, cluster_name: str) -> None:
+    asyncio.run(scenario(zookeeper, cluster_name))

@@ -1,0 +1,143 @@
+"""Worker servicer and its processing loop (see the package docstring for the protocol)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from typing import Any
+
+import grpc
+
+from flamestream import codec, hosting
+from flamestream.graph import Graph
+from flamestream.item import Envelope, Item
+from flamestream.meta import GlobalTime
+from flamestream.plan import compile_graph
+from flamestream.tick import Tick
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as rpc
+from flamestream.worker import Worker
+
+
+def _envelope_meta(env: Envelope) -> tuple[GlobalTime, Any]:
+    return env[2][1], env[2][2]
+
+
+class Streams:
+    """Long-lived client-streaming calls, one per (address, method): FIFO per channel, opened on first use."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._calls: dict[tuple[str, str], Any] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = hosting.channel(address)
+        return self._channels[address]
+
+    async def write(self, address: str, method: str, message: Any) -> None:
+        call = self._calls.get((address, method))
+        if call is None:
+            stub: Any = rpc.WorkerStub(self.channel(address)) if method == "Exchange" else (
+                rpc.BarrierStub(self.channel(address)) if method == "Deliver" else rpc.AckerStub(self.channel(address)))
+            call = self._calls[(address, method)] = getattr(stub, method)()
+        await call.write(message)
+
+    async def close(self) -> None:
+        for call in self._calls.values():
+            with contextlib.suppress(Exception):
+                await call.done_writing()
+        for ch in self._channels.values():
+            await ch.close()
+        self._calls.clear()
+        self._channels.clear()
+
+
+class WorkerService(rpc.WorkerServicer):
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.inbox: asyncio.Queue[pb.ItemBatch] = asyncio.Queue()
+        self.core: Worker | None = None
+        self.tick: Tick | None = None
+        self.streams = Streams()
+        self.ready = asyncio.Event()
+        self._min_time_task: asyncio.Task[None] | None = None
+
+    async def Exchange(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> pb.Empty:
+        # Batches may arrive before this worker has seen the tick (a front saw it first): they wait in the inbox.
+        async for batch in request_iterator:
+            self.inbox.put_nowait(batch)
+        return pb.Empty()
+
+    async def apply_tick(self, tick: Tick) -> None:
+        if self.index >= len(tick.workers):
+            print(f"worker {self.index}: tick {tick.number} has only {len(tick.workers)} workers; idle",
+                  file=sys.stderr, flush=True)
+            return
+        await self.streams.close()
+        if self._min_time_task is not None:
+            self._min_time_task.cancel()
+        self.tick = tick
+        self.core = Worker(compile_graph(Graph.from_dict(tick.graph)), self.index, tick.layout)
+        self._min_time_task = asyncio.create_task(self._watch_min_time(tick.acker))
+        self.ready.set()
+
+    async def _watch_min_time(self, acker: str) -> None:
+        stub = rpc.AckerStub(self.streams.channel(acker))
+        async for mt in stub.WatchMinTime(pb.Empty()):
+            if self.core is not None:
+                self.core.on_min_time(GlobalTime(mt.ts, mt.front))
+
+    async def run(self) -> None:
+        while True:
+            batches = [await self.inbox.get()]
+            while not self.inbox.empty():
+                batches.append(self.inbox.get_nowait())
+            await self.ready.wait()
+            await self.step(batches)
+
+    async def step(self, batches: list[pb.ItemBatch]) -> None:
+        core, tick = self.core, self.tick
+        assert core is not None and tick is not None
+        acks: dict[GlobalTime, int] = {}
+        envelopes: list[Envelope] = []
+        for batch in batches:
+            entries, received = codec.decode_batch(batch)
+            envelopes.extend(entries)
+            codec.xor_into(acks, received)
+        if len(batches) > 1:
+            envelopes.sort(key=_envelope_meta)
+        remote, to_barrier = core.process(envelopes)
+        for worker, outs in remote.items():
+            await self._send(tick.workers[worker], "Exchange", outs, {e[2][1] for e in outs}, acks)
+        by_barrier: dict[str, list[Item]] = {}
+        for item in to_barrier:
+            by_barrier.setdefault(tick.barrier_of(item[1].front), []).append(item)
+        for address, items in by_barrier.items():
+            await self._send(address, "Deliver", items, {i[1] for i in items}, acks)
+        await self.streams.write(tick.acker, "Ack", pb.AckBatch(acks=codec.ack_messages(acks)))
+
+    async def _send(self, address: str, method: str, entries: list[Any], times: set[GlobalTime],
+                    acks: dict[GlobalTime, int]) -> None:
+        sent = codec.new_acks(times)
+        codec.xor_into(acks, sent)
+        await self.streams.write(address, method, codec.encode_batch(entries, sent, self.index))
+
+
+async def serve(args: argparse.Namespace) -> None:
+    host = hosting.Host("worker", args)
+    service = WorkerService(args.index)
+    await host.start(lambda server: rpc.add_WorkerServicer_to_server(service, server), {"index": args.index})
+
+    async def follow_ticks() -> None:
+        async for tick in host.ticks():
+            await service.apply_tick(tick)
+
+    tasks = [asyncio.create_task(service.run()), asyncio.create_task(follow_ticks())]
+    await host.wait_stopped()
+    for task in tasks:
+        task.cancel()
+    await service.streams.close()
+    await host.stop()
