@@ -1,0 +1,149 @@
+"""Acker servicer and process lifecycle.
+
+Every tick replaces the ack table with a fresh one for the tick's fronts,
+starting at the tick's start timestamp.  Hand-over between ticks is not
+implemented: entries still in flight under the previous table are dropped, and
+acks that arrive after the switch are applied to the new table whatever tick
+they belong to.  Redeploying therefore assumes the previous tick was drained
+(or will be replayed).
+
+All state lives on the event loop thread, so no locks are needed: an ``Ack``
+message is applied, and its min-time change published, without yielding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+
+import grpc
+
+from flamestream.acker import AckTable
+from flamestream.hosting import Host
+from flamestream.meta import GlobalTime
+from flamestream.tick import Tick
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as pb_grpc
+
+AckContext = grpc.aio.ServicerContext[pb.AckBatch, pb.Empty]
+WatchContext = grpc.aio.ServicerContext[pb.Empty, pb.GlobalTime]
+
+
+class _Latest:
+    """One watcher's mailbox holding only the newest min time.
+
+    A watcher that reads slowly (or whose client stopped reading) skips
+    intermediate values instead of queueing them, so publishing never waits on
+    it and memory per watcher stays constant.  Min times only matter as "the
+    newest bound", so nothing is lost by skipping.
+    """
+
+    def __init__(self) -> None:
+        self._value: GlobalTime | None = None
+        self._closed = False
+        self._changed = asyncio.Event()
+
+    def put(self, value: GlobalTime) -> None:
+        self._value = value
+        self._changed.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._changed.set()
+
+    async def get(self) -> GlobalTime | None:
+        """The newest value not taken yet, waiting for one; None once closed."""
+        await self._changed.wait()
+        self._changed.clear()
+        return None if self._closed else self._value
+
+
+class AckerService(pb_grpc.AckerServicer):
+    def __init__(self) -> None:
+        self._table: AckTable | None = None
+        self._fronts: frozenset[int] = frozenset()
+        self._min: GlobalTime | None = None
+        self._watchers: set[_Latest] = set()
+        self._closing = False
+        self._deployed = asyncio.Event()
+
+    def deploy(self, tick: Tick) -> None:
+        """Start tick ``tick`` with an empty table (see the module docstring on hand-over)."""
+        if not tick.fronts:
+            print(f"acker: ignoring tick {tick.number}: it has no fronts", file=sys.stderr, flush=True)
+            return
+        self._table = AckTable(tick.fronts, start_ts=tick.start.ts)
+        self._fronts = frozenset(tick.fronts)
+        self._deployed.set()
+        self._publish(self._table.min_time())
+
+    def close(self) -> None:
+        """End every watch stream (with UNAVAILABLE, so clients know to reconnect elsewhere)."""
+        self._closing = True
+        for watcher in self._watchers:
+            watcher.close()
+
+    def _publish(self, min_time: GlobalTime) -> None:
+        if min_time == self._min:
+            return
+        self._min = min_time
+        for watcher in self._watchers:
+            watcher.put(min_time)
+
+    async def Ack(self, request_iterator: AsyncIterator[pb.AckBatch], context: AckContext) -> pb.Empty:
+        async for message in request_iterator:
+            # A sender that saw the tick first must not lose acks: it only learns of a rejected stream on a
+            # later write, after the rejected message is gone.  So acks wait for the tick instead.
+            await self._deployed.wait()
+            table = self._table
+            assert table is not None
+            has_report = message.HasField("report")
+            # Checked before applying anything, so a rejected message changes nothing.
+            if has_report and message.report.front not in self._fronts:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"report from front {message.report.front}, which is not in the current tick "
+                                    f"(fronts {sorted(self._fronts)})")
+            for ack in message.acks:
+                table.ack(GlobalTime(ack.ts, ack.front), ack.xor)
+            if has_report:
+                table.report(message.report.front, message.report.ts)
+            self._publish(table.min_time())
+        return pb.Empty()
+
+    async def WatchMinTime(self, request: pb.Empty, context: WatchContext) -> AsyncIterator[pb.GlobalTime]:
+        watcher = _Latest()
+        if self._closing:
+            watcher.close()
+        elif self._min is not None:
+            watcher.put(self._min)
+        self._watchers.add(watcher)
+        try:
+            while (value := await watcher.get()) is not None:
+                yield pb.GlobalTime(ts=value.ts, front=value.front)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "acker is shutting down")
+        finally:
+            self._watchers.discard(watcher)
+
+
+async def _follow_ticks(host: Host, service: AckerService) -> None:
+    async for tick in host.ticks():
+        service.deploy(tick)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Run the acker until SIGTERM/SIGINT."""
+    host = Host("acker", args)
+    service = AckerService()
+    await host.start(lambda server: pb_grpc.add_AckerServicer_to_server(service, server))
+    follower = asyncio.create_task(_follow_ticks(host, service))
+    try:
+        await host.wait_stopped()
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        service.close()
+        await host.stop()

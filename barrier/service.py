@@ -1,0 +1,334 @@
+"""Barrier servicer and process lifecycle.
+
+Data path: ``Deliver`` inserts items into the buffer of their partition and
+only then acks their receipt to the acker (acking first would let the minimal
+time pass an item the barrier has not stored yet, and it would never be
+released).  The acker's min-time stream wakes a single release task, which
+pops everything below the min time from each buffer and appends it to that
+partition's topic log with one fsynced ``append_many``; subscribers are woken
+once the append has returned, so they never see a record a crash could take
+back.
+
+Ticks: every tick starts with empty buffers and a new connection to the tick's
+acker.  Hand-over between ticks is not implemented: items buffered under the
+previous tick are dropped, and the release bound is reset until the new acker
+reports, so nothing delivered under the new tick is released by the old bound.
+A lost acker connection is not repaired either (its acks are gone, so the
+tick's min time could not be trusted); the next tick reconnects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from flamestream import codec, hosting
+from flamestream.barrier import BarrierBuffer, Released
+from flamestream.cluster import ClusterStore
+from flamestream.hosting import Host
+from flamestream.log import LogError, SegmentedLog
+from flamestream.meta import GlobalTime
+from flamestream.tick import Tick
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as pb_grpc
+
+TOPIC = "output"
+"""Topic name under which consumer-group offsets are stored in ZooKeeper."""
+
+_READ_BATCH = 1000
+"""Records a subscriber reads from disk per step: bounds memory and the time a read holds a thread."""
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class _Partition:
+    """One owned partition: its invalidation buffer, its topic log and the wake-up of its subscribers."""
+
+    def __init__(self, number: int, directory: Path) -> None:
+        self.number = number
+        self.directory = directory
+        self.log = SegmentedLog(directory)
+        self.end = self.log.end_offset
+        """Offset after the last record appended and fsynced, as known on the event loop."""
+        self.buffer = BarrierBuffer()
+        self.appended = asyncio.Event()
+        """Set (and replaced by a fresh event) whenever ``end`` grows or the barrier shuts down."""
+
+    def wake(self) -> None:
+        # A fresh event per generation: waiters captured the old one before checking ``end``, so
+        # none can miss a wake-up, and nobody has to clear an event other waiters still need.
+        woken, self.appended = self.appended, asyncio.Event()
+        woken.set()
+
+    async def append(self, released: list[Released]) -> None:
+        records = [pb.Record(time=pb.GlobalTime(ts=gt.ts, front=gt.front),
+                             payload=codec.encode_payload(payload)).SerializeToString()
+                   for gt, _trace, payload in released]
+        first = await asyncio.to_thread(self.log.append_many, records)  # fsyncs: keep it off the loop
+        self.end = first + len(records)
+        self.wake()
+
+
+class _AckerLink:
+    """The connection to one tick's acker: receipt acks out, min times in.
+
+    Receipt acks go through a queue drained by one task that owns the
+    long-lived ``Ack`` stream.  gRPC allows one pending write per call, and a
+    write cancelled midway cancels the whole call, so ``Deliver`` handlers
+    (which a client may cancel at any moment) must never write to it directly.
+    """
+
+    def __init__(self, address: str, on_min_time: Callable[[GlobalTime], None]) -> None:
+        self.address = address
+        self.error: str | None = None
+        """Why the ack stream broke, once it has."""
+        self._channel = hosting.channel(address)
+        stub = pb_grpc.AckerStub(self._channel)
+        self._outbox: asyncio.Queue[pb.AckBatch] = asyncio.Queue()
+        # wait_for_ready: the acker may start after this barrier sees the tick.
+        acks: grpc.aio.StreamUnaryCall[pb.AckBatch, pb.Empty] = stub.Ack(wait_for_ready=True)
+        min_times: grpc.aio.UnaryStreamCall[pb.Empty, pb.GlobalTime] = stub.WatchMinTime(pb.Empty(),
+                                                                                          wait_for_ready=True)
+        self._tasks = (asyncio.create_task(self._send(acks)), asyncio.create_task(self._watch(min_times, on_min_time)))
+
+    def send(self, batch: pb.AckBatch) -> None:
+        """Queue receipt acks; never blocks, so a cancelled ``Deliver`` cannot lose or split them."""
+        self._outbox.put_nowait(batch)
+
+    async def _send(self, call: grpc.aio.StreamUnaryCall[pb.AckBatch, pb.Empty]) -> None:
+        try:
+            while True:
+                await call.write(await self._outbox.get())
+        except grpc.aio.AioRpcError as exc:
+            self.error = f"ack stream to acker {self.address} failed: {exc.code().name}: {exc.details()}"
+        except asyncio.InvalidStateError:  # the call had already ended
+            code, details = await call.code(), await call.details()
+            self.error = f"ack stream to acker {self.address} failed: {code.name}: {details}"
+        print(f"barrier: {self.error}", file=sys.stderr, flush=True)
+
+    async def _watch(self, call: grpc.aio.UnaryStreamCall[pb.Empty, pb.GlobalTime],
+                     on_min_time: Callable[[GlobalTime], None]) -> None:
+        try:
+            async for min_time in call:
+                on_min_time(GlobalTime(min_time.ts, min_time.front))
+            reason = "the acker ended the stream"
+        except grpc.aio.AioRpcError as exc:
+            reason = f"{exc.code().name}: {exc.details()}"
+        print(f"barrier: min-time watch on acker {self.address} stopped ({reason}); nothing more is released "
+              f"until the next tick", file=sys.stderr, flush=True)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._channel.close()
+
+
+class BarrierService(pb_grpc.BarrierServicer):
+    def __init__(self, store: ClusterStore, partitions: dict[int, _Partition]) -> None:
+        self._store = store
+        self._partitions = partitions
+        self._link: _AckerLink | None = None
+        self._min_time: GlobalTime | None = None
+        """The current tick's newest min time; None until its acker reports one."""
+        self._min_changed = asyncio.Event()
+        self._closing = False
+        self._stopping = False
+        self._deployed = asyncio.Event()
+        self.releasing = asyncio.create_task(self._release_forever())
+        """The release task; it only ends early if appending to a topic log fails."""
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def deploy(self, tick: Tick) -> None:
+        if not tick.acker:
+            print(f"barrier: ignoring tick {tick.number}: it names no acker", file=sys.stderr, flush=True)
+            return
+        # Everything up to the swap happens without yielding, so no Deliver sees a half-applied tick.
+        for partition in self._partitions.values():
+            partition.buffer = BarrierBuffer()
+        self._min_time = None
+        previous, self._link = self._link, _AckerLink(tick.acker, self._advance)
+        self._deployed.set()
+        if previous is not None:
+            await previous.close()
+
+    def close(self) -> None:
+        """End every subscription (with UNAVAILABLE, so consumers know to reconnect)."""
+        self._closing = True
+        for partition in self._partitions.values():
+            partition.wake()
+
+    async def shutdown(self) -> None:
+        """Let a running append finish, then drop the acker; re-raises the release task's failure, if any."""
+        self._stopping = True
+        self._min_changed.set()
+        if self._link is not None:
+            await self._link.close()
+        await self.releasing
+
+    def _advance(self, min_time: GlobalTime) -> None:
+        self._min_time = min_time
+        self._min_changed.set()
+
+    async def _release_forever(self) -> None:
+        """Release below the newest min time, partition by partition.
+
+        One task does every append, so a log never has two writers at once and
+        records land in release order; it is never cancelled, because an append
+        running in a worker thread could not be interrupted anyway.  The bound
+        is re-read for every partition: a tick arriving during an append resets
+        it, and the old bound must not release what the new tick delivers.
+        """
+        while True:
+            await self._min_changed.wait()
+            self._min_changed.clear()
+            if self._stopping:
+                return
+            for partition in self._partitions.values():
+                min_time = self._min_time
+                if min_time is None:
+                    break
+                released = partition.buffer.release(min_time)
+                if released:
+                    await partition.append(released)
+
+    # -- RPCs --------------------------------------------------------------------
+
+    async def Deliver(self, request_iterator: AsyncIterator[pb.ItemBatch], context: Context) -> pb.Empty:
+        async for batch in request_iterator:
+            # Items may come from a worker that saw the tick first; rejecting would lose the batch already
+            # written (the sender only learns on its next write), so they wait for the tick instead.
+            while self._link is None:
+                await self._deployed.wait()
+            link = self._link
+            if link.error is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, link.error)
+            try:
+                items, acks = codec.decode_batch(batch)
+            except Exception as exc:  # unpickling garbage can raise almost anything
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable item batch: {exc!r}")
+            problem = self._check_items(items)
+            if problem is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            try:
+                for item in items:
+                    self._partitions[item[1].front].buffer.insert(item)
+            except ValueError as exc:  # a duplicate: a sender bug, so its acks are withheld too
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            messages = codec.ack_messages(acks)
+            if messages:
+                link.send(pb.AckBatch(acks=messages))
+        return pb.Empty()
+
+    def _check_items(self, items: list[Any]) -> str | None:
+        """Why the batch cannot be inserted, checked for every item before any is (a batch is all or nothing)."""
+        if not isinstance(items, list):
+            return f"items must be a pickled list, got {type(items).__name__}"
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 4 and isinstance(item[1], GlobalTime)
+                    and isinstance(item[2], tuple)):
+                return f"not an item (payload, GlobalTime, trace, tombstone): {item!r:.200}"
+            if item[1].front not in self._partitions:
+                return (f"item at {item[1]} belongs to partition {item[1].front}, which this barrier does not own "
+                        f"(it owns {sorted(self._partitions)})")
+        return None
+
+    async def _owned(self, number: int, context: Context) -> _Partition:
+        partition = self._partitions.get(number)
+        if partition is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"partition {number} is not owned by this barrier (it owns {sorted(self._partitions)})")
+        return partition
+
+    async def _check_offset(self, partition: _Partition, offset: int, context: Context) -> None:
+        if not 0 <= offset <= partition.end:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                                f"offset {offset} is outside partition {partition.number}: valid offsets are "
+                                f"0..{partition.end}")
+
+    async def Subscribe(self, request: pb.SubscribeRequest, context: Context) -> AsyncIterator[pb.Record]:
+        partition = await self._owned(request.partition, context)
+        offset = request.from_offset
+        await self._check_offset(partition, offset, context)
+        # A private read-only view: the writer instance belongs to the release task's threads.
+        reader = SegmentedLog(partition.directory, readonly=True)
+        try:
+            while not self._closing:
+                appended = partition.appended  # captured before checking ``end``: see _Partition.wake
+                if offset < partition.end:
+                    for record_offset, data in await asyncio.to_thread(reader.read, offset, _READ_BATCH):
+                        record = pb.Record.FromString(data)
+                        record.partition = partition.number
+                        record.offset = record_offset
+                        yield record
+                        offset = record_offset + 1
+                else:
+                    await appended.wait()
+        finally:
+            reader.close()
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "barrier is shutting down")
+
+    async def Commit(self, request: pb.CommitRequest, context: Context) -> pb.Empty:
+        partition = await self._owned(request.partition, context)
+        await self._check_offset(partition, request.offset, context)
+        try:
+            await asyncio.to_thread(self._store.commit_offset, request.group, TOPIC, partition.number, request.offset)
+        except ValueError as exc:  # the group name (partition and offset are checked above)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.Empty()
+
+    async def Committed(self, request: pb.CommittedRequest, context: Context) -> pb.Offset:
+        partition = await self._owned(request.partition, context)
+        try:
+            offset = await asyncio.to_thread(self._store.committed_offset, request.group, TOPIC, partition.number)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.Offset(offset=offset or 0)
+
+
+def _open_partitions(data_dir: Path, numbers: tuple[int, ...]) -> dict[int, _Partition]:
+    partitions: dict[int, _Partition] = {}
+    try:
+        for number in numbers:
+            partitions[number] = _Partition(number, data_dir / "topic" / str(number))
+    except (LogError, OSError) as exc:
+        for partition in partitions.values():
+            partition.log.close()
+        raise SystemExit(f"barrier: cannot open the output topic: {exc}") from exc
+    return partitions
+
+
+async def _follow_ticks(host: Host, service: BarrierService) -> None:
+    async for tick in host.ticks():
+        await service.deploy(tick)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Run the barrier until SIGTERM/SIGINT (or until its topic cannot be written, which is fatal)."""
+    partitions = _open_partitions(args.data_dir, args.partitions)
+    try:
+        host = Host("barrier", args)
+        service = BarrierService(host.store, partitions)
+        await host.start(lambda server: pb_grpc.add_BarrierServicer_to_server(service, server),
+                         info={"partitions": sorted(partitions)})
+        follower = asyncio.create_task(_follow_ticks(host, service))
+        stopped = asyncio.create_task(host.wait_stopped())
+        await asyncio.wait({stopped, service.releasing}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (follower, stopped):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        service.close()
+        await host.stop()
+        await service.shutdown()
+    finally:
+        for partition in partitions.values():
+            partition.log.close()

@@ -1,0 +1,170 @@
+"""The acker service as a real process: acks and reports move the min time its watchers see.
+
+Also home of the helpers that start service processes and publish ticks
+(``tests/test_barrier_service.py`` uses them too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from examples import wordcount
+from flamestream.cluster import ClusterStore
+from flamestream.meta import GlobalTime
+from flamestream.tick import Layout, Tick
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+RPC_TIMEOUT = 15.0
+
+
+@dataclass
+class Service:
+    process: subprocess.Popen[str]
+    address: str
+
+
+@contextlib.contextmanager
+def running(module: str, args: list[str], stderr_path: Path) -> Iterator[Service]:
+    """Run ``python -m module args`` until its ``ready`` line; on exit SIGTERM it and require exit code 0."""
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE,
+                                   stderr=stderr, text=True)
+        assert process.stdout is not None
+        try:
+            ready, _, _ = select.select([process.stdout], [], [], 30.0)
+            line = process.stdout.readline() if ready else ""
+            assert line.startswith(f"ready {module} "), \
+                f"{module} printed {line!r} instead of a ready line:\n{stderr_path.read_text()}"
+            yield Service(process, line.split()[3])
+        finally:
+            if process.poll() is None:
+                process.terminate()
+            try:
+                code = process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+    assert code == 0, f"{module} exited with {code}:\n{stderr_path.read_text()}"
+
+
+def publish_tick(zookeeper: str, cluster: str, *, fronts: tuple[int, ...], start_ts: int, acker: str,
+                 barriers: tuple[tuple[int, str], ...] = ()) -> int:
+    tick = Tick(number=0, start=GlobalTime(start_ts, 0), graph=wordcount.graph().to_dict(), layout=Layout.even(1),
+                workers=("127.0.0.1:1",), fronts=fronts, acker=acker, barriers=barriers)
+    with ClusterStore(zookeeper, cluster=cluster) as store:
+        return store.publish_tick(tick.to_dict())
+
+
+def ack(ts: int, front: int, xor: int) -> pb.Ack:
+    return pb.Ack(ts=ts, front=front, xor=xor)
+
+
+def report(front: int, ts: int) -> pb.AckBatch:
+    return pb.AckBatch(report=pb.Report(front=front, ts=ts))
+
+
+def send(stub: pb_grpc.AckerStub, messages: Iterable[pb.AckBatch]) -> None:
+    """One Ack stream carrying ``messages``; it returns once the acker has applied them all."""
+    stub.Ack(iter(messages), timeout=RPC_TIMEOUT)
+
+
+def read_until(watch: Iterator[pb.GlobalTime], target: GlobalTime) -> list[GlobalTime]:
+    """Min times from ``watch`` up to and including ``target``; they must only grow on the way."""
+    seen: list[GlobalTime] = []
+    while not seen or seen[-1] != target:
+        message = next(watch)
+        seen.append(GlobalTime(message.ts, message.front))
+        assert seen == sorted(seen) and seen[-1] <= target, f"min times went {seen}, expected to reach {target}"
+    return seen
+
+
+def test_min_time_follows_acks_and_reports(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name]
+    with running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel:
+        stub = pb_grpc.AckerStub(channel)
+        # A sender that saw the tick first: its acks wait for the acker's tick instead of being lost.
+        early = threading.Thread(target=send, args=(stub, [pb.AckBatch(acks=[ack(120, 1, 0xBEEF)])]))
+        early.start()
+        watch = stub.WatchMinTime(pb.Empty(), timeout=60)  # opened before any tick: waits for the first one
+        publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=100, acker=acker.address)
+        early.join(60)
+        assert read_until(watch, GlobalTime(100, 0)) == [GlobalTime(100, 0)]
+        send(stub, [report(0, 130), report(1, 130)])
+        assert read_until(watch, GlobalTime(120, 1))[-1] == GlobalTime(120, 1)  # the early ack holds it
+        send(stub, [pb.AckBatch(acks=[ack(120, 1, 0xBEEF)])])
+        assert read_until(watch, GlobalTime(130, 0))[-1] == GlobalTime(130, 0)
+
+        # An unmatched ack at (150, 0) holds the min time although both fronts promise 200.
+        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD)], report=pb.Report(front=0, ts=200)), report(1, 200)])
+        assert GlobalTime(200, 0) not in read_until(watch, GlobalTime(150, 0))
+        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD)])])  # the matching receive ack
+        assert read_until(watch, GlobalTime(200, 0)) == [GlobalTime(200, 0)]
+
+        # A send and its receive in one message cancel out and never hold the min time.
+        send(stub, [pb.AckBatch(acks=[ack(250, 1, 7), ack(250, 1, 7)], report=pb.Report(front=0, ts=300)),
+                    report(1, 300)])
+        assert GlobalTime(250, 1) not in read_until(watch, GlobalTime(300, 0))
+
+        late = stub.WatchMinTime(pb.Empty(), timeout=60)
+        assert read_until(late, GlobalTime(300, 0)) == [GlobalTime(300, 0)]  # a new watcher starts at the current
+
+        # A new tick brings a fresh table for its fronts and start time.
+        publish_tick(zookeeper, cluster_name, fronts=(0, 1, 2), start_ts=1000, acker=acker.address)
+        assert read_until(watch, GlobalTime(1000, 0))[-1] == GlobalTime(1000, 0)
+        send(stub, [report(0, 1100), report(1, 1100)])
+        assert read_until(watch, GlobalTime(1000, 2))[-1] == GlobalTime(1000, 2)
+        watch.cancel()
+        late.cancel()
+
+
+def test_slow_watcher_skips_to_the_latest_and_holds_back_no_one(zookeeper: str, cluster_name: str,
+                                                                tmp_path: Path) -> None:
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name]
+    # A tiny flow-control window (and no window growth) makes the slow watcher's stream block after a few values.
+    tiny_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    with (running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel,
+          grpc.insecure_channel(acker.address, options=tiny_window) as slow_channel):
+        stub = pb_grpc.AckerStub(channel)
+        publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=0, acker=acker.address)
+        slow = pb_grpc.AckerStub(slow_channel).WatchMinTime(pb.Empty(), timeout=60)  # not read until the end
+        fast = stub.WatchMinTime(pb.Empty(), timeout=60)
+        assert read_until(fast, GlobalTime(0, 0)) == [GlobalTime(0, 0)]
+        changes = 3000
+        send(stub, (report(0, ts) for ts in range(1, changes + 1)))
+        assert read_until(fast, GlobalTime(changes, 0))[-1] == GlobalTime(changes, 0)
+        # The slow watcher gets what its window held, then jumps to the latest value.
+        assert len(read_until(slow, GlobalTime(changes, 0))) < changes // 2
+        slow.cancel()
+        fast.cancel()
+
+
+def test_bad_reports_are_rejected_and_the_acker_keeps_serving(zookeeper: str, cluster_name: str,
+                                                              tmp_path: Path) -> None:
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name]
+    with running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel:
+        stub = pb_grpc.AckerStub(channel)
+        publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=10, acker=acker.address)
+        watch = stub.WatchMinTime(pb.Empty(), timeout=60)
+        assert read_until(watch, GlobalTime(10, 0)) == [GlobalTime(10, 0)]
+        with pytest.raises(grpc.RpcError) as unknown:
+            send(stub, [pb.AckBatch(acks=[ack(15, 0, 3)], report=pb.Report(front=7, ts=99))])
+        assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "front 7" in (unknown.value.details() or "")
+        # Still serving, and the rejected message left no trace: its ack at (15, 0) would hold the min time.
+        send(stub, [report(0, 20), report(1, 20)])
+        assert read_until(watch, GlobalTime(20, 0))[-1] == GlobalTime(20, 0)
+        watch.cancel()

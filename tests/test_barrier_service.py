@@ -1,0 +1,265 @@
+"""The barrier service as a real process.
+
+Most tests stand in for the acker with an in-test servicer that records the
+barrier's receipt acks and lets the test dictate min times; the last one runs
+the real acker and plays front and worker against both processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from flamestream import codec
+from flamestream.item import Item
+from flamestream.meta import GlobalTime
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as pb_grpc
+from tests.test_acker_service import RPC_TIMEOUT, Service, publish_tick, read_until, running
+
+pytestmark = pytest.mark.slow
+
+MARK = 1 << 32
+"""Logical time 1 in an encoded trace (see flamestream.meta): a grouping's version mark."""
+
+
+class FakeAcker(pb_grpc.AckerServicer):
+    """Records every AckBatch the barrier sends and streams the min times the test pushes."""
+
+    def __init__(self) -> None:
+        self.acks: queue.Queue[dict[GlobalTime, int]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._latest: pb.GlobalTime | None = None
+        self._watchers: list[queue.Queue[pb.GlobalTime]] = []
+
+    def push(self, min_time: GlobalTime) -> None:
+        with self._lock:
+            self._latest = pb.GlobalTime(ts=min_time.ts, front=min_time.front)
+            for watcher in self._watchers:
+                watcher.put(self._latest)
+
+    def Ack(self, request_iterator: Iterator[pb.AckBatch], context: Any) -> pb.Empty:
+        with contextlib.suppress(grpc.RpcError):  # the barrier drops its stream on a new tick and on exit
+            for batch in request_iterator:
+                self.acks.put(codec.acks_of(batch.acks))
+        return pb.Empty()
+
+    def WatchMinTime(self, request: pb.Empty, context: Any) -> Iterator[pb.GlobalTime]:
+        mine: queue.Queue[pb.GlobalTime] = queue.Queue()
+        with self._lock:
+            self._watchers.append(mine)
+            if self._latest is not None:
+                mine.put(self._latest)
+        try:
+            while context.is_active():
+                with contextlib.suppress(queue.Empty):
+                    yield mine.get(timeout=0.1)
+        finally:
+            with self._lock:
+                self._watchers.remove(mine)
+
+
+@contextlib.contextmanager
+def fake_acker() -> Iterator[tuple[FakeAcker, str]]:
+    servicer = FakeAcker()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pb_grpc.add_AckerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+@contextlib.contextmanager
+def barrier_process(zookeeper: str, cluster: str, data_dir: Path, stderr_path: Path,
+                    partitions: str = "0,1") -> Iterator[tuple[Service, pb_grpc.BarrierStub]]:
+    args = ["--zookeeper", zookeeper, "--cluster", cluster, "--partitions", partitions, "--data-dir", str(data_dir)]
+    with running("barrier", args, stderr_path) as barrier, grpc.insecure_channel(barrier.address) as channel:
+        yield barrier, pb_grpc.BarrierStub(channel)
+
+
+def batch(items: list[Item], acks: dict[GlobalTime, int]) -> pb.ItemBatch:
+    return codec.encode_batch(items, acks, sender=0)
+
+
+def deliver(stub: pb_grpc.BarrierStub, item_batch: pb.ItemBatch) -> None:
+    """Deliver one batch (the barrier holds it until it has taken up the tick)."""
+    stub.Deliver(iter([item_batch]), timeout=RPC_TIMEOUT)
+
+
+def records(stream: Iterator[pb.Record], count: int) -> list[tuple[int, int, GlobalTime, Any]]:
+    """The next ``count`` records as (partition, offset, time, payload)."""
+    out = []
+    for _ in range(count):
+        record = next(stream)
+        out.append((record.partition, record.offset, GlobalTime(record.time.ts, record.time.front),
+                    codec.decode_payload(record.payload)))
+    return out
+
+
+def subscribe(stub: pb_grpc.BarrierStub, partition: int, from_offset: int) -> Iterator[pb.Record]:
+    stream: Iterator[pb.Record] = stub.Subscribe(pb.SubscribeRequest(partition=partition, from_offset=from_offset),
+                                                 timeout=60)
+    return stream
+
+
+def status_of(call: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as failure:
+        call()
+    return failure.value.code(), failure.value.details() or ""
+
+
+G10, G20, G30 = GlobalTime(10, 0), GlobalTime(20, 0), GlobalTime(30, 0)
+G3, G11, G12 = GlobalTime(3, 1), GlobalTime(11, 1), GlobalTime(12, 1)
+BATCH1: list[Item] = [
+    ("stale", G10, (MARK, 0), False),  # invalidated by the next version, which arrives after it
+    ("late", G20, (0,), False),
+    ("b1", G10, (2 * MARK, 0), False),
+    ("x", G11, (0,), False),
+]
+BATCH2: list[Item] = [
+    ("c", G12, (0,), True),  # the tombstone overtakes the item it retracts
+    ("b2", G10, (2 * MARK, 1), False),  # b1's sibling: both stay
+    ("c", G12, (0,), False),
+    ({"early": [1]}, G3, (0,), False),
+]
+RELEASED_BY_15 = {
+    0: [(0, 0, G10, "b1"), (0, 1, G10, "b2")],
+    1: [(1, 0, G3, {"early": [1]}), (1, 1, G11, "x")],
+}
+RELEASED_BY_25 = (0, 2, G20, "late")
+
+
+def test_release_order_invalidation_offsets_and_commits(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    with (fake_acker() as (acker, acker_address),
+          barrier_process(zookeeper, cluster_name, tmp_path / "data", tmp_path / "barrier.err") as (barrier, stub)):
+        acks1 = {G10: 0x1111, G20: 0x2222, G11: 0x3333}
+        acks2 = {G12: 0x4444, G10: 0x5555, G3: 0x6666}
+        # A worker that saw the tick first: its batch waits for the barrier's tick instead of being lost.
+        early = threading.Thread(target=stub.Deliver, args=(iter([batch(BATCH1, acks1)]),),
+                                 kwargs={"timeout": RPC_TIMEOUT})
+        early.start()
+        time.sleep(0.3)
+        assert acker.acks.empty()
+        publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=0, acker=acker_address,
+                     barriers=((0, barrier.address), (1, barrier.address)))
+        early.join(RPC_TIMEOUT)
+        assert acker.acks.get(timeout=RPC_TIMEOUT) == acks1  # exactly the batch's acks, as its receipt
+        deliver(stub, batch(BATCH2, acks2))
+        assert acker.acks.get(timeout=RPC_TIMEOUT) == acks2
+
+        live0 = subscribe(stub, 0, 0)
+        live1 = subscribe(stub, 1, 0)
+        acker.push(GlobalTime(15, 0))
+        assert records(live0, 2) == RELEASED_BY_15[0]
+        assert records(live1, 2) == RELEASED_BY_15[1]
+        acker.push(GlobalTime(25, 0))
+        assert records(live0, 1) == [RELEASED_BY_25]  # live, on the subscription already open
+        assert records(subscribe(stub, 0, 1), 2) == [RELEASED_BY_15[0][1], RELEASED_BY_25]  # from the middle
+        live0.cancel()
+        live1.cancel()
+
+        committed = pb.CommittedRequest(group="readers", partition=0)
+        assert stub.Committed(committed, timeout=RPC_TIMEOUT).offset == 0
+        stub.Commit(pb.CommitRequest(group="readers", partition=0, offset=2), timeout=RPC_TIMEOUT)
+        assert stub.Committed(committed, timeout=RPC_TIMEOUT).offset == 2
+        assert stub.Committed(pb.CommittedRequest(group="readers", partition=1), timeout=RPC_TIMEOUT).offset == 0
+
+
+def test_bad_requests_get_clear_statuses(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    with (fake_acker() as (acker, acker_address),
+          barrier_process(zookeeper, cluster_name, tmp_path / "data", tmp_path / "barrier.err",
+                          partitions="0") as (barrier, stub)):
+        publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=0, acker=acker_address,
+                     barriers=((0, barrier.address),))
+        deliver(stub, batch([("kept", G10, (0,), False)], {G10: 1}))
+        acker.push(G20)
+        assert records(subscribe(stub, 0, 0), 1) == [(0, 0, G10, "kept")]
+
+        def deliver_raw(item_batch: pb.ItemBatch) -> tuple[grpc.StatusCode, str]:
+            return status_of(lambda: stub.Deliver(iter([item_batch]), timeout=RPC_TIMEOUT))
+
+        code, details = deliver_raw(batch([("ok", G30, (0,), False), ("foreign", G11, (0,), False)], {G30: 1}))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "partition 1" in details
+        assert deliver_raw(pb.ItemBatch(items=b"not a pickle"))[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert deliver_raw(batch([("no gt", (30, 0), (0,), False)], {}))[0] == grpc.StatusCode.INVALID_ARGUMENT
+
+        def first_record(partition: int, from_offset: int) -> tuple[grpc.StatusCode, str]:
+            return status_of(lambda: next(subscribe(stub, partition, from_offset)))
+
+        assert first_record(1, 0)[0] == grpc.StatusCode.NOT_FOUND
+        assert first_record(0, -1)[0] == grpc.StatusCode.OUT_OF_RANGE
+        code, details = first_record(0, 2)
+        assert code == grpc.StatusCode.OUT_OF_RANGE and "0..1" in details
+
+        def commit(group: str, partition: int, offset: int) -> tuple[grpc.StatusCode, str]:
+            request = pb.CommitRequest(group=group, partition=partition, offset=offset)
+            return status_of(lambda: stub.Commit(request, timeout=RPC_TIMEOUT))
+
+        assert commit("a/b", 0, 1)[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert commit("", 0, 1)[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert commit("g", 1, 0)[0] == grpc.StatusCode.NOT_FOUND
+        assert commit("g", 0, 5)[0] == grpc.StatusCode.OUT_OF_RANGE
+        code, _ = status_of(lambda: stub.Committed(pb.CommittedRequest(group="a/b", partition=0), timeout=RPC_TIMEOUT))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+        # After all that, the rejected batch left nothing behind (the valid item before the foreign one
+        # included), and the barrier still delivers, acks and releases.
+        deliver(stub, batch([("after", G30, (0,), False)], {G30: 9}))
+        assert acker.acks.get(timeout=RPC_TIMEOUT) == {G10: 1}
+        assert acker.acks.get(timeout=RPC_TIMEOUT) == {G30: 9}
+        acker.push(GlobalTime(40, 0))
+        assert records(subscribe(stub, 0, 1), 1) == [(0, 1, G30, "after")]
+
+
+def test_topic_survives_a_restart(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with fake_acker() as (acker, acker_address):
+        with barrier_process(zookeeper, cluster_name, data, tmp_path / "first.err") as (barrier, stub):
+            publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=0, acker=acker_address,
+                         barriers=((0, barrier.address), (1, barrier.address)))
+            deliver(stub, batch(BATCH1, {}))
+            acker.push(GlobalTime(25, 0))
+            assert [r[3] for r in records(subscribe(stub, 0, 0), 2)] == ["b1", "late"]
+        with barrier_process(zookeeper, cluster_name, data, tmp_path / "second.err") as (_, stub):
+            # Readable before any tick reaches the new process.
+            assert records(subscribe(stub, 0, 0), 2) == [(0, 0, G10, "b1"), (0, 1, G20, "late")]
+            assert records(subscribe(stub, 1, 0), 1) == [(1, 0, G11, "x")]
+            # The restarted process takes up the current tick from ZooKeeper by itself.  (Publishing another
+            # one here would race with the delivery: a new tick empties the buffers.)
+            deliver(stub, batch([("again", G30, (0,), False)], {}))
+            acker.push(GlobalTime(35, 0))
+            assert records(subscribe(stub, 0, 2), 1) == [(0, 2, G30, "again")]  # appends continue the offsets
+
+
+def test_with_the_real_acker_items_wait_for_their_receipt_ack(zookeeper: str, cluster_name: str,
+                                                             tmp_path: Path) -> None:
+    common = ["--zookeeper", zookeeper, "--cluster", cluster_name]
+    with (running("acker", common, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel,
+          barrier_process(zookeeper, cluster_name, tmp_path / "data", tmp_path / "barrier.err",
+                          partitions="0") as (barrier, stub)):
+        acker_stub = pb_grpc.AckerStub(channel)
+        watch = acker_stub.WatchMinTime(pb.Empty(), timeout=60)
+        publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=0, acker=acker.address,
+                     barriers=((0, barrier.address),))
+        assert read_until(watch, GlobalTime(0, 0)) == [GlobalTime(0, 0)]
+        # As a worker: the send of an item at (10, 0) is acked; as its front: nothing below 50 any more.
+        acker_stub.Ack(iter([pb.AckBatch(acks=[pb.Ack(ts=10, front=0, xor=0xBEEF)], report=pb.Report(front=0, ts=50))]),
+                       timeout=RPC_TIMEOUT)
+        assert read_until(watch, G10) == [G10]  # held by the item in flight
+        deliver(stub, batch([("payload", G10, (0,), False)], {G10: 0xBEEF}))
+        # The barrier's receipt ack cancels the send, the min time moves on and releases the item.
+        assert read_until(watch, GlobalTime(50, 0))[-1] == GlobalTime(50, 0)
+        assert records(subscribe(stub, 0, 0), 1) == [(0, 0, G10, "payload")]
+        watch.cancel()
