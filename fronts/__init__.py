@@ -1,0 +1,34 @@
+"""The front service: where events enter the stream (paper §2.1, §3.1.1, §3.3).
+
+``python -m fronts --zookeeper HOST:PORT --id F --data-dir DIR`` runs front F.
+Clients call ``Front.Push``; for each batch of events the front
+
+1. validates the whole request (size, JSON payload, the entry operation's
+   balancing function) so a bad event admits nothing;
+2. stamps every new event with a global time ``(ms, F)`` and the initial trace
+   ``(seq,)`` (``flamestream.front.FrontClock``);
+3. sends the XOR of the send acks of all the batches it is about to emit to the
+   acker, *before* anything else: a report promising a later time must never
+   reach the acker ahead of the acks it depends on;
+4. appends one JSON record per event to its durable input log
+   ``DIR/input/front-<F>`` (fsynced: an acknowledged event survives a crash, and
+   Spark replay and recovery read it from there);
+5. sends each worker the envelopes whose entry hash it owns, on one long-lived
+   ``Worker.Exchange`` stream per worker (FIFO, so a worker sees this front's
+   items in increasing meta order);
+6. replies with the global time of every event.
+
+Every few milliseconds it reports to the acker the timestamp below which it will
+never stamp again.  Pushes and reports share one lock, so a report is always
+written after the acks of everything stamped before it.
+
+Producers may make retries idempotent by setting ``producer`` and an increasing
+``sequence``; ``fronts.producers.ProducerTable`` remembers what was admitted,
+and is rebuilt from the input log when the front restarts.
+
+The deployment comes from the latest tick in ZooKeeper: the graph, the workers
+and their hash ranges, the acker.  A stream that breaks makes the front refuse
+pushes and stop reporting until the next tick: messages after a lost one are
+lost too (one stream is one ordered connection), so continuing on a fresh
+stream could let a report overtake acks the acker never received.
+"""

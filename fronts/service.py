@@ -1,0 +1,445 @@
+"""The front's servicer: validation, admission, routing to workers, acks and reports (see ``fronts``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from flamestream import codec, hosting
+from flamestream.front import FrontClock
+from flamestream.graph import Graph
+from flamestream.hashing import INT32_MAX, INT32_MIN
+from flamestream.input_log import decode_record, encode_record, front_log_dir
+from flamestream.item import Envelope
+from flamestream.log import LogError, SegmentedLog
+from flamestream.meta import GlobalTime, Trace
+from flamestream.plan import Plan, compile_graph
+from flamestream.tick import Tick
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as rpc
+from fronts.producers import ProducerTable
+
+ROLE = "front"
+NO_GRAPH = "no graph deployed; run `flamestream deploy`"
+EXCHANGE = "/flamestream.Worker/Exchange"
+ACK = "/flamestream.Acker/Ack"
+CLOSE_TIMEOUT = 2.0
+"""Seconds a closing stream waits for its receiver to confirm the end, so shutdown cannot hang on a dead peer."""
+
+_M = TypeVar("_M", bound=Message)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__
+
+
+class StreamBroken(Exception):
+    """A long-lived call failed; how much of what it carried arrived is unknown."""
+
+
+class _Stream(Generic[_M]):
+    """One long-lived client-streaming call (``Worker.Exchange`` or ``Acker.Ack``).
+
+    Opened on the first write, so the ticks a restarting front replays from
+    ZooKeeper cost no connections to the processes of superseded deployments.
+    Never reopened: see the package docstring.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, method: str, label: str) -> None:
+        self.label = label
+        self._open: grpc.aio.StreamUnaryMultiCallable[_M, pb.Empty] = channel.stream_unary(
+            method, request_serializer=_serialize, response_deserializer=pb.Empty.FromString)
+        self._call: grpc.aio.StreamUnaryCall[_M, pb.Empty] | None = None
+
+    async def write(self, message: _M) -> None:
+        call = self._call
+        if call is None:
+            call = self._call = self._open()
+        try:
+            await call.write(message)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            raise StreamBroken(f"stream to {self.label} broke ({_describe(exc)})") from exc
+
+    async def close(self) -> None:
+        """Half-close and wait for the receiver's reply, so it sees a clean end of the stream."""
+        call, self._call = self._call, None
+        if call is None:
+            return
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await call.done_writing()
+                await call
+
+
+class _Route:
+    """What one tick deploys for this front: the compiled graph and the streams to its workers and acker."""
+
+    def __init__(self, tick: Tick, plan: Plan) -> None:
+        self.tick = tick
+        self.plan = plan
+        self.balance = plan.entry_balance
+        self.broken: str | None = None
+        """Why pushes are refused until the next tick, once a stream has broken."""
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.workers = [_Stream[pb.ItemBatch](self._channel(address), EXCHANGE, f"worker {i} at {address}")
+                        for i, address in enumerate(tick.workers)]
+        self.acker = _Stream[pb.AckBatch](self._channel(tick.acker), ACK, f"acker at {tick.acker}")
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = hosting.channel(address)
+        return self._channels[address]
+
+    async def close(self) -> None:
+        await asyncio.gather(self.acker.close(), *(stream.close() for stream in self.workers))
+        for channel in self._channels.values():
+            await channel.close()
+
+
+class _Fresh(NamedTuple):
+    """An event being admitted now (not a retry)."""
+
+    gt: GlobalTime
+    trace: Trace
+    payload: Any
+    h: int
+    producer: str
+    sequence: int
+
+
+class _Rejected(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _open_input_log(directory: Path) -> tuple[SegmentedLog, ProducerTable, int]:
+    """Open the log for writing and replay it: the producers' admitted sequences and the last timestamp used."""
+    log = SegmentedLog(directory)
+    try:
+        producers = ProducerTable()
+        last_ts = -1
+        next_offset = 0
+        while records := log.read(next_offset):
+            for offset, data in records:
+                try:
+                    record = decode_record(data)
+                    last_ts = max(last_ts, record["ts"])
+                    if record["producer"]:  # "" = an anonymous event
+                        producers.admit(record["producer"], record["sequence"],
+                                        GlobalTime(record["ts"], record["front"]))
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise LogError(f"{directory}: record {offset} is not a front record: {exc!r}") from exc
+            next_offset = records[-1][0] + 1
+    except BaseException:
+        log.close()
+        raise
+    return log, producers, last_ts
+
+
+class FrontService(rpc.FrontServicer):
+    def __init__(self, front_id: int, log: SegmentedLog, producers: ProducerTable, last_ts: int,
+                 max_event_bytes: int) -> None:
+        self.front_id = front_id
+        self.max_event_bytes = max_event_bytes
+        self.failed = asyncio.Event()
+        """Set when the front can no longer keep its promises (the input log cannot be reopened)."""
+        self.failure = ""
+        self._log = log
+        self._producers = producers
+        self._clock = FrontClock(front_id)
+        if last_ts >= 0:
+            # A restarted front must not reuse a (ts, seq) it already logged, even if the wall clock went back.
+            self._clock.report(last_ts + 1)
+        self._route: _Route | None = None
+        self._refusal = NO_GRAPH
+        self._lock = asyncio.Lock()
+        """Orders pushes and reports: a report is written after the acks of everything stamped before it."""
+        self._reports: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, front_id: int, data_dir: Path, max_event_bytes: int) -> FrontService:
+        log, producers, last_ts = await asyncio.to_thread(_open_input_log, front_log_dir(data_dir, front_id))
+        return cls(front_id, log, producers, last_ts, max_event_bytes)
+
+    def register(self, server: grpc.aio.Server) -> None:
+        rpc.add_FrontServicer_to_server(self, server)
+
+    # -- deployment ---------------------------------------------------------------
+
+    async def deploy(self, tick: Tick) -> None:
+        """Switch to ``tick``: its graph, workers and acker, or refuse pushes if it leaves this front out."""
+        route: _Route | None = None
+        if self.front_id not in tick.fronts:
+            refusal = f"front {self.front_id} is not part of the deployment of tick {tick.number}"
+        elif len(tick.workers) != tick.layout.workers or not tick.acker:
+            refusal = (f"tick {tick.number} is malformed: {len(tick.workers)} workers for {tick.layout.workers} "
+                       f"hash ranges, acker {tick.acker!r}")
+        else:
+            try:
+                plan = compile_graph(Graph.from_dict(tick.graph))
+            except Exception as exc:  # the graph's own modules may raise anything on import
+                refusal = f"tick {tick.number}: cannot load the graph: {exc}"
+            else:
+                route, refusal = _Route(tick, plan), ""
+        if route is None:
+            print(f"front {self.front_id}: {refusal}", file=sys.stderr, flush=True)
+        async with self._lock:
+            old, self._route, self._refusal = self._route, route, refusal
+            if route is not None:
+                self._clock.report(tick.start.ts)  # the tick covers times from its start on
+        if old is not None:
+            await old.close()
+
+    def _break(self, route: _Route, exc: StreamBroken) -> None:
+        if route.broken is None:
+            route.broken = f"{exc}; waiting for a new tick"
+            print(f"front {self.front_id}: {route.broken}", file=sys.stderr, flush=True)
+
+    # -- pushes ------------------------------------------------------------------
+
+    async def Push(self, request: pb.PushRequest,
+                   context: grpc.aio.ServicerContext[pb.PushRequest, pb.PushResponse]) -> pb.PushResponse:
+        # Shielded: gRPC cancels the handler when the client gives up, but an admission that has begun must finish,
+        # or the log, the acker and the workers would disagree (and the log could get two writers at once).
+        outcome = await asyncio.shield(self._push(request))
+        if isinstance(outcome, _Rejected):
+            await context.abort(outcome.code, outcome.message)
+        return outcome
+
+    async def _push(self, request: pb.PushRequest) -> pb.PushResponse | _Rejected:
+        async with self._lock:
+            try:
+                if self.failed.is_set():
+                    raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"front is stopping: {self.failure}")
+                route = self._route
+                if route is None:
+                    raise _Rejected(grpc.StatusCode.FAILED_PRECONDITION, self._refusal)
+                if route.broken is not None:
+                    raise _Rejected(grpc.StatusCode.UNAVAILABLE, route.broken)
+                checked = self._validate(request.events, route)
+                response, fresh = self._stamp(request.events, checked)
+                if fresh:
+                    await self._admit(route, fresh)
+                return response
+            except _Rejected as rejected:
+                return rejected
+
+    def _validate(self, events: Sequence[pb.Event], route: _Route) -> list[tuple[Any, int]]:
+        """Payload and entry hash of every event, or the first fault: nothing is admitted from a faulty request."""
+        checked: list[tuple[Any, int]] = []
+        for i, event in enumerate(events):
+            size = event.ByteSize()
+            if size > self.max_event_bytes:
+                raise _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"event {i}: {size} bytes exceeds the limit of {self.max_event_bytes} "
+                                "(--max-event-bytes)")
+            try:
+                payload = codec.decode_payload(event.payload)
+            except codec.PayloadError as exc:
+                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"event {i}: {exc}") from None
+            try:
+                h = route.balance(payload)
+            except Exception as exc:  # business logic: anything can go wrong
+                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"event {i}: balancing function failed: {type(exc).__name__}: {exc}") from None
+            if not isinstance(h, int) or not INT32_MIN <= h <= INT32_MAX:
+                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"event {i}: balancing function returned {h!r}, not an int32 hash")
+            checked.append((payload, h))
+        return checked
+
+    def _stamp(self, events: Sequence[pb.Event],
+               checked: list[tuple[Any, int]]) -> tuple[pb.PushResponse, list[_Fresh]]:
+        """Tell retries from new events (also within this request) and give each new event its global time."""
+        response = pb.PushResponse()
+        fresh: list[_Fresh] = []
+        staged: dict[str, dict[int, GlobalTime]] = {}  # this request's new sequences per producer, in order
+        now = _now_ms()
+        for event, (payload, h) in zip(events, checked, strict=True):
+            producer, sequence = event.producer, event.sequence
+            if producer:
+                mine = staged.setdefault(producer, {})
+                last = next(reversed(mine)) if mine else self._producers.last(producer)
+                if sequence <= last:
+                    original = mine.get(sequence)
+                    if original is None:
+                        original = self._producers.time_of(producer, sequence)
+                    response.admitted.append(False)
+                    # A retry older than the remembered window gets the unset time (0, 0).
+                    response.times.append(pb.GlobalTime() if original is None
+                                          else pb.GlobalTime(ts=original.ts, front=original.front))
+                    continue
+            gt, trace = self._clock.stamp(now)
+            if producer:
+                mine[sequence] = gt
+            fresh.append(_Fresh(gt, trace, payload, h, producer, sequence if producer else 0))
+            response.admitted.append(True)
+            response.times.append(pb.GlobalTime(ts=gt.ts, front=gt.front))
+        return response, fresh
+
+    async def _admit(self, route: _Route, fresh: list[_Fresh]) -> None:
+        sends, acks = self._batches(route, fresh)
+        await self._to_acker(route, acks)
+        first = self._log.end_offset
+        try:
+            # (ts, front, seq) reproduce the item's global time and initial trace (seq,) for replay and recovery.
+            records = [encode_record(event.gt, event.trace[0], event.payload, event.producer, event.sequence)
+                       for event in fresh]
+            await asyncio.to_thread(self._log.append_many, records)
+        except (OSError, LogError) as exc:
+            await self._salvage(route, fresh, acks, first, exc)
+            return
+        self._commit(fresh)
+        await self._to_workers(route, sends)
+
+    async def _salvage(self, route: _Route, fresh: list[_Fresh], acks: dict[GlobalTime, int], first: int,
+                       exc: Exception) -> None:
+        """After a failed append: reopen the log, admit the records that did reach it, take back the other acks.
+
+        A log that failed refuses further appends until reopened, and reopening
+        (which cuts a torn tail and fsyncs) may find that a prefix of the batch
+        was written after all.  Those records are durable input now, so they
+        are processed like any admitted event; their clients got an error and
+        learn their times by retrying with the same producer and sequence.
+        """
+        try:
+            kept = await asyncio.to_thread(self._reopen_log, first)
+        except (OSError, LogError) as reopen_exc:
+            # The acks stay uncancelled on purpose: some of these events may be in the log, and acks the acker
+            # still holds stop it from declaring their times done until recovery replays the log.
+            self.failure = f"input log failed ({exc}) and cannot be reopened ({reopen_exc})"
+            self.failed.set()
+            raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"front is stopping: {self.failure}") from None
+        survivors = fresh[:kept]
+        self._commit(survivors)  # in the log, so admitted, whatever happens to their delivery
+        sends, survivor_acks = self._batches(route, survivors)
+        codec.xor_into(acks, survivor_acks)  # the same acks again cancel the first ones at the acker
+        await self._to_acker(route, acks)
+        await self._to_workers(route, sends)
+        if kept < len(fresh):
+            raise _Rejected(grpc.StatusCode.UNAVAILABLE,
+                            f"input log write failed ({exc}); {kept} of the {len(fresh)} new events reached it and "
+                            "are admitted (retry with the same producer and sequence to learn their times)")
+
+    def _reopen_log(self, first: int) -> int:
+        """Reopen the input log; returns how many records of the batch that started at ``first`` it holds."""
+        self._log.close()
+        self._log = SegmentedLog(self._log.directory)
+        return self._log.end_offset - first
+
+    def _batches(self, route: _Route, fresh: list[_Fresh]) -> tuple[list[tuple[int, pb.ItemBatch]],
+                                                                   dict[GlobalTime, int]]:
+        """One batch per destination worker, and the XOR of all their send acks for the acker."""
+        per_worker: dict[int, list[Envelope]] = {}
+        owner, entry = route.tick.layout.owner, route.plan.entry
+        for event in fresh:
+            per_worker.setdefault(owner(event.h), []).append(
+                (entry, event.h, (event.payload, event.gt, event.trace, False)))
+        sends: list[tuple[int, pb.ItemBatch]] = []
+        total: dict[GlobalTime, int] = {}
+        for worker, envelopes in per_worker.items():
+            acks = codec.new_acks(dict.fromkeys(envelope[2][1] for envelope in envelopes))
+            codec.xor_into(total, acks)
+            sends.append((worker, codec.encode_batch(envelopes, acks, sender=-1 - self.front_id)))
+        return sends, total
+
+    async def _to_acker(self, route: _Route, acks: dict[GlobalTime, int]) -> None:
+        try:
+            await route.acker.write(pb.AckBatch(acks=codec.ack_messages(acks)))
+        except StreamBroken as exc:
+            self._break(route, exc)
+            raise _Rejected(grpc.StatusCode.UNAVAILABLE, str(route.broken)) from None
+
+    async def _to_workers(self, route: _Route, sends: list[tuple[int, pb.ItemBatch]]) -> None:
+        # The events are durable and their acks are at the acker, so a lost batch stalls the minimal time
+        # (until recovery replays the input log) instead of losing data: the push itself still succeeds.
+        for worker, batch in sends:
+            try:
+                await route.workers[worker].write(batch)
+            except StreamBroken as exc:
+                self._break(route, exc)
+
+    def _commit(self, admitted: list[_Fresh]) -> None:
+        for event in admitted:
+            if event.producer:
+                self._producers.admit(event.producer, event.sequence, event.gt)
+
+    # -- reports -----------------------------------------------------------------
+
+    def start_reports(self, interval: float) -> None:
+        self._reports = asyncio.create_task(self._report_forever(interval))
+
+    async def _report_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            async with self._lock:
+                route = self._route
+                if route is None or route.broken is not None:
+                    continue
+                ts = self._clock.report(_now_ms())
+                try:
+                    await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
+                except StreamBroken as exc:
+                    self._break(route, exc)
+
+    # -- shutdown ----------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop reporting, end the streams cleanly and close the input log."""
+        async with self._lock:  # no push or report is half done once this is held
+            route, self._route, self._refusal = self._route, None, "front is shutting down"
+            if self._reports is not None:
+                self._reports.cancel()
+        if self._reports is not None:
+            await asyncio.wait([self._reports])
+        if route is not None:
+            await route.close()
+        self._log.close()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    try:
+        service = await FrontService.open(args.id, args.data_dir, args.max_event_bytes)
+    except (OSError, LogError) as exc:
+        raise SystemExit(f"front {args.id}: cannot open the input log: {exc}") from None
+    host = hosting.Host(ROLE, args)
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def follow_ticks() -> None:
+        async for tick in host.ticks():
+            await service.deploy(tick)
+
+    try:
+        await host.start(service.register, {"id": args.id})
+        service.start_reports(args.report_interval_ms / 1000)
+        tasks = [asyncio.create_task(follow_ticks()), asyncio.create_task(host.wait_stopped()),
+                 asyncio.create_task(service.failed.wait())]
+        await asyncio.wait(tasks[1:], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await host.stop()
+        await service.close()
+    if service.failed.is_set():
+        raise SystemExit(f"front {args.id}: {service.failure}")

@@ -1,0 +1,445 @@
+"""The front service as a real process (``python -m fronts``) against a real ZooKeeper.
+
+Workers and the acker are stand-ins served by this test process: they record
+every batch and ack message they receive, which is exactly what the front
+promises to produce.  Each test runs its own event loop (``asyncio.run``) for
+the stand-ins and the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from examples import wordcount
+from flamestream import codec
+from flamestream.cluster import ClusterStore
+from flamestream.graph import Graph
+from flamestream.hashing import stable_hash
+from flamestream.item import Envelope
+from flamestream.log import SegmentedLog
+from flamestream.meta import GlobalTime
+from flamestream.plan import compile_graph
+from flamestream.tick import Layout, Tick
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as rpc
+from fronts.producers import ProducerTable
+
+REPO = Path(__file__).resolve().parents[1]
+FRONT = 3
+LAYOUT = Layout.even(2)
+WAIT = 10.0
+
+slow = pytest.mark.slow
+
+
+# -- stand-ins for the workers and the acker ------------------------------------------------------------------
+
+
+class RecordingWorker(rpc.WorkerServicer):
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, list[Envelope], dict[GlobalTime, int]]] = []
+
+    async def Exchange(self, request_iterator: AsyncIterator[pb.ItemBatch], context: Any) -> pb.Empty:
+        async for batch in request_iterator:
+            entries, acks = codec.decode_batch(batch)
+            self.batches.append((batch.sender, entries, acks))
+        return pb.Empty()
+
+    def envelopes(self) -> list[Envelope]:
+        return [envelope for _, entries, _ in self.batches for envelope in entries]
+
+
+class RecordingAcker(rpc.AckerServicer):
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, Any]] = []
+        """In arrival order: ("acks", {gt: xor}) or ("report", (front, ts))."""
+
+    async def Ack(self, request_iterator: AsyncIterator[pb.AckBatch], context: Any) -> pb.Empty:
+        async for message in request_iterator:
+            if message.acks:
+                self.messages.append(("acks", codec.acks_of(message.acks)))
+            if message.HasField("report"):
+                self.messages.append(("report", (message.report.front, message.report.ts)))
+        return pb.Empty()
+
+    def reports(self) -> list[int]:
+        return [value[1] for kind, value in self.messages if kind == "report"]
+
+
+class StandIns:
+    """Two recording workers and a recording acker, each on its own loopback port."""
+
+    def __init__(self) -> None:
+        self.workers = [RecordingWorker(), RecordingWorker()]
+        self.acker = RecordingAcker()
+        self.worker_addresses: list[str] = []
+        self.acker_address = ""
+        self._servers: list[grpc.aio.Server] = []
+
+    async def _serve(self, register: Callable[[grpc.aio.Server], None]) -> str:
+        server = grpc.aio.server()
+        register(server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        self._servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    async def start(self) -> None:
+        for worker in self.workers:
+            self.worker_addresses.append(
+                await self._serve(lambda s, w=worker: rpc.add_WorkerServicer_to_server(w, s)))
+        self.acker_address = await self._serve(lambda s: rpc.add_AckerServicer_to_server(self.acker, s))
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            await server.stop(grace=None)
+
+    def tick(self, graph: dict[str, Any], start_ts: int) -> dict[str, Any]:
+        return Tick(number=0, start=GlobalTime(start_ts, 0), graph=graph, layout=LAYOUT,
+                    workers=tuple(self.worker_addresses), fronts=(FRONT,), acker=self.acker_address).to_dict()
+
+    def balance(self) -> dict[GlobalTime, int]:
+        """Per global time, the acker's XOR combined with the acks the workers received: all zero when they cancel."""
+        total: dict[GlobalTime, int] = {}
+        for kind, acks in self.acker.messages:
+            if kind == "acks":
+                codec.xor_into(total, acks)
+        for worker in self.workers:
+            for _, _, acks in worker.batches:
+                codec.xor_into(total, acks)
+        return {gt: value for gt, value in total.items() if value}
+
+
+@asynccontextmanager
+async def stand_ins() -> AsyncIterator[StandIns]:
+    services = StandIns()
+    await services.start()
+    try:
+        yield services
+    finally:
+        await services.stop()
+
+
+# -- the front process ---------------------------------------------------------------------------------------
+
+
+class FrontProcess:
+    def __init__(self, zookeeper: str, cluster: str, data_dir: Path, *extra: str,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fronts", "--zookeeper", zookeeper, "--cluster", cluster, "--id", str(FRONT),
+             "--data-dir", str(data_dir), *extra],
+            cwd=REPO, stdout=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], WAIT)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith(f"ready front front{FRONT} "):
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"front did not start: {line!r}, exit code {self.proc.returncode}")
+        self.address = line.split()[-1]
+
+    def stop(self) -> int:
+        """SIGTERM, as a supervisor would; the exit code (0 = clean shutdown)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(WAIT)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            assert self.proc.stdout is not None
+            self.proc.stdout.close()
+
+
+@asynccontextmanager
+async def front(zookeeper: str, cluster: str, data_dir: Path, *extra: str,
+                preexec_fn: Callable[[], None] | None = None) -> AsyncIterator[tuple[FrontProcess, Any]]:
+    """A running front and a Front stub connected to it; on exit the front must stop with exit code 0."""
+    process = await asyncio.to_thread(FrontProcess, zookeeper, cluster, data_dir, *extra, preexec_fn=preexec_fn)
+    channel = grpc.aio.insecure_channel(process.address)
+    try:
+        yield process, rpc.FrontStub(channel)
+    finally:
+        await channel.close()
+        code = await asyncio.to_thread(process.stop)
+    assert code == 0, f"front exited with {code}"
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------
+
+
+def event(payload: Any, producer: str = "", sequence: int = 0) -> pb.Event:
+    return pb.Event(payload=json.dumps(payload).encode(), producer=producer, sequence=sequence)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def publish(zookeeper: str, cluster: str, tick: dict[str, Any]) -> None:
+    def run() -> None:
+        with ClusterStore(zookeeper, cluster=cluster) as store:
+            store.publish_tick(tick)
+
+    await asyncio.to_thread(run)
+
+
+async def push(stub: Any, events: Sequence[pb.Event]) -> pb.PushResponse:
+    response: pb.PushResponse = await stub.Push(pb.PushRequest(events=events), timeout=WAIT)
+    return response
+
+
+async def push_once_deployed(stub: Any, events: Sequence[pb.Event]) -> pb.PushResponse:
+    """Push, retrying while the front has not yet seen the tick."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            return await push(stub, events)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.02)
+
+
+async def rejected(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+async def eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def log_records(data_dir: Path) -> list[dict[str, Any]]:
+    log = SegmentedLog(data_dir / "input" / f"front-{FRONT}", readonly=True)
+    try:
+        records: list[dict[str, Any]] = []
+        while batch := log.read(len(records)):
+            records.extend(json.loads(data) for _, data in batch)
+        return records
+    finally:
+        log.close()
+
+
+def times(response: pb.PushResponse) -> list[GlobalTime]:
+    return [GlobalTime(t.ts, t.front) for t in response.times]
+
+
+# -- tests -----------------------------------------------------------------------------------------------------
+
+
+@slow
+def test_events_reach_their_workers_in_order_with_acks_reports_and_log(
+        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    graph = wordcount.graph().to_dict()
+    entry = compile_graph(Graph.from_dict(graph)).entry
+
+    async def scenario() -> None:
+        async with stand_ins() as cluster, front(zookeeper, cluster_name, tmp_path) as (_, stub):
+            error = await rejected(push(stub, [event("too early")]))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "flamestream deploy" in (error.details() or "")
+
+            start_ts = now_ms() + 300  # ahead of the wall clock: the front must not stamp below it
+            await publish(zookeeper, cluster_name, cluster.tick(graph, start_ts))
+            pushed = ["the first line"]
+            answers = [await push_once_deployed(stub, [event(pushed[0])])]
+
+            for r in range(5):  # sequential: each reply comes after its events are in the input log
+                lines = [f"line {r} {i} dog cat" for i in range(10)]
+                answer = await push(stub, [event(line) for line in lines])
+                tail = log_records(tmp_path)[-len(lines):]
+                assert [rec["payload"] for rec in tail] == lines
+                assert [GlobalTime(rec["ts"], rec["front"]) for rec in tail] == times(answer)
+                pushed += lines
+                answers.append(answer)
+
+            batches = [[f"batch {b} event {i}" for i in range(25)] for b in range(8)]
+            answers += await asyncio.gather(*(push(stub, [event(line) for line in batch]) for batch in batches))
+            pushed += [line for batch in batches for line in batch]
+
+            admitted = [gt for answer in answers for gt in times(answer)]
+            assert all(flag for answer in answers for flag in answer.admitted)
+            assert all(gt.front == FRONT and gt.ts >= start_ts for gt in admitted)
+
+            await eventually(lambda: sum(len(w.envelopes()) for w in cluster.workers) == len(pushed),
+                             "every event at a worker")
+            await eventually(lambda: not cluster.balance(), "the front's acks to cancel the acks the workers got")
+
+            received: list[tuple[int, int, str]] = []
+            for index, worker in enumerate(cluster.workers):
+                order = []
+                for sender, entries, _ in worker.batches:
+                    assert sender == -1 - FRONT
+                    for op, h, (payload, gt, trace, tombstone) in entries:
+                        assert (op, h, tombstone, gt.front, len(trace)) == (entry, stable_hash(payload), False,
+                                                                           FRONT, 1)
+                        assert LAYOUT.owner(h) == index
+                        order.append((gt.ts, trace[0]))
+                        received.append((gt.ts, trace[0], payload))
+                assert order == sorted(set(order)), f"worker {index} got this front's items out of order"
+            assert Counter(p for _, _, p in received) == Counter(pushed)
+            assert len({(ts, seq) for ts, seq, _ in received}) == len(pushed)
+            assert sorted(GlobalTime(ts, FRONT) for ts, _, _ in received) == sorted(admitted)
+
+            records = log_records(tmp_path)
+            assert sorted((r["ts"], r["seq"], r["payload"]) for r in records) == sorted(received)
+            assert all(r["front"] == FRONT and r["producer"] == "" for r in records)
+
+            last = max(admitted)
+            await eventually(lambda: any(ts > last.ts for ts in cluster.acker.reports()), "a report past the pushes")
+            acked: set[GlobalTime] = set()
+            previous = start_ts
+            for kind, value in list(cluster.acker.messages):
+                if kind == "acks":
+                    acked |= set(value)
+                    continue
+                front_id, ts = value
+                assert front_id == FRONT and ts >= previous
+                previous = ts
+                missing = [gt for gt in admitted if gt.ts < ts and gt not in acked]
+                assert not missing, f"report {ts} arrived before the acks of {missing[:3]}"
+
+    asyncio.run(scenario())
+
+
+@slow
+def test_rejected_requests_admit_nothing_and_the_front_keeps_serving(
+        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    graph = wordcount.graph().to_dict()
+    for op in graph["operations"]:
+        if op["name"] == "split":  # word_hash fails on anything but strings and dicts: a failing balancer
+            op["balance"] = "examples.wordcount:word_hash"
+
+    async def scenario() -> None:
+        async with stand_ins() as cluster, \
+                front(zookeeper, cluster_name, tmp_path, "--max-event-bytes", "200") as (_, stub):
+            await publish(zookeeper, cluster_name, cluster.tick(graph, 0))
+            await push_once_deployed(stub, [event("warm up")])
+
+            bad_json = pb.Event(payload=b"{not json")
+            error = await rejected(push(stub, [event("fine"), bad_json, event("also fine")]))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (error.details() or "").startswith("event 1: payload is not valid JSON")
+
+            error = await rejected(push(stub, [event("fine"), event("fine too"), event("x" * 300)]))
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (error.details() or "").startswith("event 2: ")
+
+            error = await rejected(push(stub, [event(42), event("fine")]))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (error.details() or "").startswith("event 0: balancing function failed: TypeError")
+
+            answer = await push(stub, [event("still serving"), event({"word": "dict payloads balance"})])
+            assert list(answer.admitted) == [True, True]
+            expected = ["warm up", "still serving", {"word": "dict payloads balance"}]
+            assert [r["payload"] for r in log_records(tmp_path)] == expected
+            await eventually(lambda: sum(len(w.envelopes()) for w in cluster.workers) == 3, "the admitted events")
+            await asyncio.sleep(0.2)  # nothing else may trickle in
+            assert sorted(json.dumps(e[2][0]) for w in cluster.workers for e in w.envelopes()) == sorted(
+                json.dumps(p) for p in expected)
+            await eventually(lambda: not cluster.balance(), "acks to cancel")
+
+    asyncio.run(scenario())
+
+
+@slow
+def test_retries_are_admitted_once_also_across_a_restart(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with stand_ins() as cluster:
+            await publish(zookeeper, cluster_name, cluster.tick(wordcount.graph().to_dict(), 0))
+            async with front(zookeeper, cluster_name, tmp_path) as (_, stub):
+                first = await push_once_deployed(stub, [event("a", "p", 1), event("b", "p", 2)])
+                assert list(first.admitted) == [True, True]
+                a, b = times(first)
+                second = await push(stub, [event("b", "p", 2), event("c", "p", 3), event("d"), event("c", "p", 3),
+                                           event("a", "p", 1), event("x", "q", 1)])
+                assert list(second.admitted) == [False, True, True, False, False, True]
+                t = times(second)
+                assert t[0] == b and t[4] == a and t[3] == t[1] and t[1] <= t[2] <= t[5]
+                c = t[1]
+
+            async with front(zookeeper, cluster_name, tmp_path) as (_, stub):
+                third = await push_once_deployed(stub, [event("c", "p", 3), event("e", "p", 4), event("y", "q", 1)])
+                assert list(third.admitted) == [False, True, False]
+                assert times(third)[0] == c and times(third)[2] == t[5]
+                assert times(third)[1] > t[5], "a restarted front must stamp after everything it logged"
+
+            records = log_records(tmp_path)
+            assert [(r["producer"], r["sequence"], r["payload"]) for r in records] == [
+                ("p", 1, "a"), ("p", 2, "b"), ("p", 3, "c"), ("", 0, "d"), ("q", 1, "x"), ("p", 4, "e")]
+            await eventually(lambda: sum(len(w.envelopes()) for w in cluster.workers) == 6, "the admitted events")
+            assert sorted(e[2][0] for w in cluster.workers for e in w.envelopes()) == ["a", "b", "c", "d", "e", "x"]
+            await eventually(lambda: not cluster.balance(), "acks to cancel")
+
+    asyncio.run(scenario())
+
+
+def _limit_file_size() -> None:
+    """Runs in the front's process before exec: files cannot grow past 2 KiB, so the input log fills up."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+
+@slow
+def test_a_failed_log_write_admits_exactly_what_reached_the_log(
+        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with stand_ins() as cluster:
+            await publish(zookeeper, cluster_name, cluster.tick(wordcount.graph().to_dict(), 0))
+            async with front(zookeeper, cluster_name, tmp_path, preexec_fn=_limit_file_size) as (_, stub):
+                events = [event(f"event {i:02d} " + "x" * 60, "p", i) for i in range(40)]
+                error = await rejected(push_once_deployed(stub, events))
+                assert error.code() == grpc.StatusCode.UNAVAILABLE
+                records = log_records(tmp_path)
+                kept = len(records)
+                assert 0 < kept < 40
+                assert f"{kept} of the 40 new events reached it" in (error.details() or "")
+
+                await eventually(lambda: sum(len(w.envelopes()) for w in cluster.workers) == kept, "the kept events")
+                await eventually(lambda: not cluster.balance(), "the cancelled acks and the kept ones to balance")
+                received = sorted(e[2][0] for w in cluster.workers for e in w.envelopes())
+                assert received == [r["payload"] for r in records]
+
+                retry = await push(stub, events[:kept])
+                assert not any(retry.admitted)
+                assert times(retry) == [GlobalTime(r["ts"], r["front"]) for r in records]
+
+                error = await rejected(push(stub, events[kept:kept + 1]))
+                assert error.code() == grpc.StatusCode.UNAVAILABLE
+                assert "0 of the 1 new events" in (error.details() or "")
+                assert len(log_records(tmp_path)) == kept
+
+    asyncio.run(scenario())
+
+
+def test_producer_table_remembers_recent_times_only() -> None:
+    table = ProducerTable(remember=3)
+    for sequence in range(1, 6):
+        table.admit("p", sequence, GlobalTime(sequence * 10, 0))
+    assert table.last("p") == 5 and table.last("other") == -1
+    assert [table.time_of("p", s) for s in range(1, 6)] == [None, None, GlobalTime(30, 0), GlobalTime(40, 0),
+                                                            GlobalTime(50, 0)]
+    with pytest.raises(ValueError, match="not above 5"):
+        table.admit("p", 5, GlobalTime(60, 0))
