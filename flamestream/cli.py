@@ -1,8 +1,16 @@
 """The ``flamestream`` command line.
 
 ``flamestream run GRAPH --input FILE`` runs a graph on the embedded local
-runtime and prints every released record as one JSON line.  Usage errors and
-bad graphs/inputs print a message and exit with code 2.
+runtime and prints every released record as one JSON line.
+
+The distributed runtime: ``up`` starts a local cluster in the background
+(ZooKeeper, acker, workers, fronts, barriers), ``deploy`` publishes a graph to
+it, ``push`` sends events, ``consume`` prints released records, ``down``
+stops everything.  Commands after ``up`` find the cluster through
+``DIR/cluster.json`` (``--data-dir``) or directly through ``--zookeeper``.
+
+Usage errors, bad graphs and bad input print a message and exit with code 2;
+a cluster that is not running or fails a request exits with code 1.
 """
 
 from __future__ import annotations
@@ -11,8 +19,13 @@ import argparse
 import json
 import os
 import sys
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
+from flamestream import cluster_process
+from flamestream.client import Client, ClientError, Record
+from flamestream.cluster import ClusterStore
 from flamestream.functions import FunctionRefError
 from flamestream.graph import GraphError
 from flamestream.loader import load_graph, read_inputs
@@ -31,10 +44,50 @@ def positive(text: str) -> int:
     return value
 
 
+DEFAULT_DATA_DIR = ".flamestream"
+
+
+class UsageError(Exception):
+    """Bad arguments or input detected after parsing (exit code 2)."""
+
+
+class NotRunning(Exception):
+    """There is no running cluster to talk to (exit code 1)."""
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def cluster_name(text: str) -> str:
+    """Checked by the cluster store's own naming rules (constructing one does not connect)."""
+    try:
+        ClusterStore("unused", cluster=text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """How deploy/push/consume find the cluster: the data directory of `up`, or ZooKeeper directly."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--data-dir", help=f"data directory of a cluster started by `flamestream up` "
+                                          f"(default {DEFAULT_DATA_DIR})")
+    where.add_argument("--zookeeper", metavar="HOST:PORT", help="the cluster's ZooKeeper, instead of --data-dir")
+    parser.add_argument("--cluster", type=cluster_name, help="cluster name, with --zookeeper (default 'default')")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flamestream", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a graph on the embedded local runtime")
+    run.set_defaults(handler=cmd_run)
     run.add_argument("graph", help="Python file defining graph() (and optionally read_input(path))")
     run.add_argument("--input", required=True, help="input file, one event per line ('-' for stdin)")
     run.add_argument("--workers", type=positive, default=2, help="simulated workers (hash ranges), default 2")
@@ -45,20 +98,66 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--adversarial", action="store_true", help="skew channel speeds to force replays")
     run.add_argument("--oracle", action="store_true", help="run the sequential oracle instead of the runtime")
     run.add_argument("--stats", action="store_true", help="print run statistics as JSON on stderr")
+
+    up = sub.add_parser("up", help="start a local cluster in the background")
+    up.set_defaults(handler=cmd_up)
+    up.add_argument("--workers", type=positive, default=2, help="worker processes, default 2")
+    up.add_argument("--fronts", type=positive, default=1, help="front processes (and barriers, one each), default 1")
+    up.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
+                    help=f"state, logs and cluster.json of the cluster (default {DEFAULT_DATA_DIR})")
+    up.add_argument("--zookeeper", metavar="HOST:PORT", help="use this ZooKeeper instead of starting one")
+    up.add_argument("--cluster", type=cluster_name, default="default", help="cluster name, default 'default'")
+    up.add_argument("--timeout", type=seconds, default=cluster_process.DEFAULT_TIMEOUT,
+                    help=f"seconds to wait for everything to serve, default {cluster_process.DEFAULT_TIMEOUT:g}")
+
+    down = sub.add_parser("down", help="stop the cluster started by `up`")
+    down.set_defaults(handler=cmd_down)
+    down.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"the cluster's data directory "
+                                                                   f"(default {DEFAULT_DATA_DIR})")
+
+    deploy = sub.add_parser("deploy", help="run a graph on the cluster from now on")
+    deploy.set_defaults(handler=cmd_deploy)
+    deploy.add_argument("graph", help="Python file defining graph()")
+    add_cluster_arguments(deploy)
+
+    push = sub.add_parser("push", help="push events to the cluster's fronts")
+    push.set_defaults(handler=cmd_push)
+    push.add_argument("file", nargs="?", default="-", help="one event per line (default: stdin)")
+    push.add_argument("--json", action="store_true",
+                      help="parse each line as JSON (blank lines are skipped) instead of pushing it as a string")
+    push.add_argument("--producer", help="idempotent producer id: pushing the same input again admits nothing twice")
+    add_cluster_arguments(push)
+
+    consume = sub.add_parser("consume", help="print released records as JSON lines, committing each")
+    consume.set_defaults(handler=cmd_consume)
+    consume.add_argument("--group", default="cli", help="consumer group, resumes where it committed (default cli)")
+    consume.add_argument("--limit", type=positive, help="stop after this many records")
+    consume.add_argument("--timeout", type=seconds, help="stop after this many seconds without a record")
+    consume.add_argument("--meta", action="store_true",
+                         help='print {"partition", "offset", "ts", "front", "payload"} instead of the payload')
+    add_cluster_arguments(consume)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "cluster", None) is not None and args.command != "up" and args.zookeeper is None:
+        parser.error("--cluster needs --zookeeper (with --data-dir the cluster name comes from cluster.json)")
     try:
-        return cmd_run(args)
+        code: int = args.handler(args)
+        return code
     except BrokenPipeError:  # the reader (e.g. `| head`) went away: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (GraphError, FunctionRefError, OSError) as exc:
+    except KeyboardInterrupt:
+        return 130
+    except (UsageError, GraphError, FunctionRefError, OSError) as exc:
         print(f"flamestream: error: {exc}", file=sys.stderr)
         return 2
+    except (NotRunning, ClientError) as exc:
+        print(f"flamestream: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -84,6 +183,144 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"flamestream: rejected at the front (balancing function failed): {to_json(payload)}", file=sys.stderr)
     if args.stats:
         print(json.dumps({**stats, "rejected": len(rejected)}), file=sys.stderr)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    try:
+        existing = cluster_process.load_state(data_dir)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if existing is not None:
+        alive = cluster_process.alive_processes(existing)
+        if alive:
+            names = ", ".join(f"{p.name} (pid {p.pid})" for p in alive)
+            raise UsageError(f"a cluster is already running in {data_dir}: {names}; "
+                             f"stop it first with `flamestream down --data-dir {args.data_dir}`")
+        cluster_process.state_path(data_dir).unlink()
+        print(f"flamestream: removed the record of an earlier cluster in {data_dir}: none of its processes is "
+              "running", file=sys.stderr)
+    options = cluster_process.UpOptions(data_dir=data_dir, workers=args.workers, fronts=args.fronts,
+                                        zookeeper=args.zookeeper, cluster=args.cluster, timeout=args.timeout)
+    try:
+        state = cluster_process.start_cluster(options)
+    except cluster_process.StartError as exc:
+        print(f"flamestream: error: {exc.component} failed to start: {exc.reason}; stopped everything started",
+              file=sys.stderr)
+        if exc.log is not None:
+            print(f"--- last lines of {exc.log} ---\n{cluster_process.log_tail(exc.log)}", file=sys.stderr)
+        return 1
+    print(cluster_process.format_endpoints(state.endpoints()), flush=True)
+    print(f"flamestream: cluster {state.cluster!r} is up; logs in {data_dir / cluster_process.LOG_DIR}; "
+          f"stop it with `flamestream down --data-dir {args.data_dir}`", file=sys.stderr)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    try:
+        state = cluster_process.load_state(data_dir)
+    except ValueError as exc:
+        raise NotRunning(str(exc)) from None
+    if state is None:
+        print(f"flamestream: no cluster is recorded in {data_dir}; nothing to stop", file=sys.stderr)
+        return 0
+    try:
+        busy = cluster_process.stop_cluster(state)
+    except cluster_process.StopError as exc:
+        raise NotRunning(f"{exc}; {cluster_process.state_path(data_dir)} is kept") from None
+    cluster_process.state_path(data_dir).unlink(missing_ok=True)
+    print(f"flamestream: stopped cluster {state.cluster!r} ({len(state.processes)} processes)", file=sys.stderr)
+    if busy:
+        print(f"flamestream: warning: now used by other processes: {', '.join(busy)}", file=sys.stderr)
+    return 0
+
+
+def cluster_address(args: argparse.Namespace) -> tuple[str, str]:
+    """(ZooKeeper, cluster name) from --zookeeper/--cluster or from the cluster.json of --data-dir."""
+    if args.zookeeper is not None:
+        return args.zookeeper, args.cluster or "default"
+    data_dir = Path(args.data_dir or DEFAULT_DATA_DIR).resolve()
+    path = cluster_process.state_path(data_dir)
+    try:
+        state = cluster_process.load_state(data_dir)
+    except ValueError as exc:
+        raise NotRunning(str(exc)) from None
+    if state is None:
+        raise NotRunning(f"no cluster is running: {path} does not exist (start one with `flamestream up`, "
+                         "or pass --zookeeper HOST:PORT)")
+    if not cluster_process.alive_processes(state):
+        raise NotRunning(f"the cluster recorded in {path} is not running any more; clean up with "
+                         "`flamestream down` and start it again with `flamestream up`")
+    return state.zookeeper, state.cluster
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    graph, _module = load_graph(args.graph)
+    zookeeper, cluster = cluster_address(args)
+    with Client(zookeeper, cluster) as client:
+        number = client.deploy(graph)
+    print(number)
+    return 0
+
+
+def read_events(path: str, as_json: bool) -> list[Any]:
+    """Every event of the input, all checked before anything is pushed, so a bad line pushes nothing."""
+    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    with stream:
+        lines = [line.rstrip("\n") for line in stream]
+    if not as_json:
+        return lines
+    events = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{'stdin' if path == '-' else path} line {number} is not valid JSON "
+                             f"({exc.msg} at column {exc.colno}); nothing was pushed") from None
+    return events
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    events = read_events(args.file, args.json)
+    zookeeper, cluster = cluster_address(args)
+    with Client(zookeeper, cluster) as client:
+        try:
+            result = client.push(events, producer=args.producer)
+        except ClientError as exc:
+            if exc.pushed:
+                hint = " (push the same input with the same --producer to add the rest exactly once)"
+                exc.args = (f"{exc}; {exc.pushed} of {len(events)} events were pushed before the failure"
+                            f"{hint if args.producer else ''}",)
+            raise
+    print(f"pushed {result.events} events ({result.duplicates} duplicates)", file=sys.stderr)
+    return 0
+
+
+def record_view(record: Record, meta: bool) -> Any:
+    if not meta:
+        return record.payload
+    return {"partition": record.partition, "offset": record.offset, "ts": record.time.ts, "front": record.time.front,
+            "payload": record.payload}
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    zookeeper, cluster = cluster_address(args)
+    count = 0
+    with Client(zookeeper, cluster) as client, closing(client.consume(args.group, timeout=args.timeout)) as records:
+        for record in records:
+            # Printed before it is committed: a consumer killed in between shows
+            # the record again on resume rather than never.
+            sys.stdout.write(to_json(record_view(record, args.meta)) + "\n")
+            sys.stdout.flush()
+            client.commit(record)
+            count += 1
+            if args.limit is not None and count >= args.limit:
+                break
+    print(f"flamestream: consumed {count} records (group {args.group!r})", file=sys.stderr)
     return 0
 
 

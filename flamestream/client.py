@@ -1,0 +1,543 @@
+"""The FlameStream SDK: deploy graphs, push events to the fronts, consume the output topic.
+
+``AsyncClient`` is the implementation (grpc.aio); ``Client`` gives the same
+operations to synchronous code by running an ``AsyncClient`` on an event loop
+in a background thread, so both behave identically.
+
+Processes are found through their ZooKeeper membership (``members/<role>/``),
+read once and re-read after a member becomes unreachable, so a restarted
+front or barrier is picked up without recreating the client.
+
+Exactly-once pushing: with a producer id the client numbers the events itself,
+``0, 1, 2, ...`` across calls, and the front admits each (producer, sequence)
+once.  That deduplication state lives in one front, so all events of a
+producer go to the same front (chosen by a stable hash of the id), while
+anonymous pushes are spread over the fronts round-robin.  The counter only
+advances past batches the front acknowledged: after a failed ``push`` the
+``ClientError`` says how many events went through (``pushed``), and pushing
+the rest again reuses their sequence numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+import time
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from kazoo.exceptions import KazooException  # type: ignore[import-untyped]
+
+from flamestream import cluster_process as roles
+from flamestream.cluster import ClusterStore
+from flamestream.codec import PayloadError, decode_payload, encode_payload
+from flamestream.graph import Graph
+from flamestream.hashing import stable_hash
+from flamestream.hosting import channel as open_channel
+from flamestream.meta import GlobalTime
+from flamestream.tick import Layout, Tick
+from flamestream.wire import flamestream_pb2 as pb
+
+T = TypeVar("T")
+
+PUSH_BATCH = 500
+"""Events per Push request: big enough to amortise the front's fsync, small enough to retry cheaply."""
+
+# FAILED_PRECONDITION is what a front answers until it has seen the first tick
+# (right after a deploy); UNAVAILABLE is a member that is restarting or gone.
+_RETRYABLE = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE})
+
+
+def _method(service: str, method: str) -> str:
+    """gRPC method path taken from the compiled proto, so it cannot disagree with the servers.
+
+    Multicallables are built from the path because the generated stubs are
+    untyped; this keeps requests and responses typed.
+    """
+    return f"/{pb.DESCRIPTOR.services_by_name[service].full_name}/{method}"
+
+
+class ClientError(Exception):
+    """The cluster refused a request or could not serve it.
+
+    ``code``/``details`` are the gRPC status when the failure came from a call
+    (None for e.g. an unreachable ZooKeeper); ``pushed`` is how many events of
+    the failed ``push`` had been acknowledged before the failure.
+    """
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, details: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
+        self.pushed = 0
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """``events`` acknowledged, of which ``duplicates`` had been admitted before; each event's global time."""
+
+    events: int
+    duplicates: int
+    times: tuple[GlobalTime, ...]
+
+    @property
+    def admitted(self) -> int:
+        return self.events - self.duplicates
+
+
+@dataclass(frozen=True)
+class Record:
+    """One released record of the output topic: partition = front id of its global time."""
+
+    partition: int
+    offset: int
+    time: GlobalTime
+    payload: Any
+
+
+class _Unresolved(ClientError):
+    """No member serves what is needed right now; retried, since a restarting member re-registers soon."""
+
+
+def _field(role: str, name: str, info: dict[str, Any], key: str) -> Any:
+    try:
+        return info[key]
+    except KeyError:
+        raise ClientError(f"member {role}/{name} registered no {key!r}: {info}") from None
+
+
+def _numbered(role: str, members: dict[str, dict[str, Any]], key: str) -> list[tuple[int, str]]:
+    """(number registered under ``key``, address) of every member, sorted: workers by index, fronts by id."""
+    return sorted((int(_field(role, name, info, key)), str(_field(role, name, info, "address")))
+                  for name, info in members.items())
+
+
+class AsyncClient:
+    """Asynchronous access to one cluster; use ``async with`` or call ``close()``.
+
+    ``retries``/``backoff``: how often and how patiently retryable failures
+    (FAILED_PRECONDITION, UNAVAILABLE) are retried, the delay doubling from
+    ``backoff`` up to 2 s; the defaults ride out roughly 5 s.
+    """
+
+    def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = 6, backoff: float = 0.1,
+                 rpc_timeout: float = 30.0, connect_timeout: float = 10.0) -> None:
+        self.zookeeper = zookeeper
+        self.cluster = cluster
+        self.retries = retries
+        self.backoff = backoff
+        self.rpc_timeout = rpc_timeout
+        self.connect_timeout = connect_timeout
+        self._store: ClusterStore | None = None
+        self._members: dict[str, dict[str, dict[str, Any]]] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._sequences: dict[str, int] = {}
+        self._producer_locks: dict[str, asyncio.Lock] = {}
+        self._round_robin = 0
+        self._group: str | None = None
+        self._followers: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        # Subscriptions of a consume the caller abandoned without closing it.
+        followers, self._followers = list(self._followers), set()
+        for task in followers:
+            task.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
+        channels, self._channels = list(self._channels.values()), {}
+        for chan in channels:
+            await chan.close()
+        store, self._store = self._store, None
+        if store is not None:
+            await asyncio.to_thread(store.stop)
+
+    # -- membership ----------------------------------------------------------------------------------------
+
+    async def _cluster_store(self) -> ClusterStore:
+        if self._store is None:
+            store = ClusterStore(self.zookeeper, cluster=self.cluster, timeout=self.connect_timeout)
+            try:
+                await asyncio.to_thread(store.start)
+            except (TimeoutError, ValueError) as exc:
+                raise ClientError(f"cannot reach ZooKeeper at {self.zookeeper}: {exc}") from None
+            self._store = store
+        return self._store
+
+    async def _in_zookeeper(self, what: str, call: Callable[[ClusterStore], T]) -> T:
+        """Run a blocking ClusterStore call off the loop, reporting a lost ZooKeeper as a ClientError."""
+        store = await self._cluster_store()
+        try:
+            return await asyncio.to_thread(call, store)
+        except KazooException as exc:
+            raise ClientError(f"{what} in ZooKeeper at {self.zookeeper} failed: {type(exc).__name__} {exc}") from None
+
+    async def members(self, role: str) -> dict[str, dict[str, Any]]:
+        """Registered members of ``role`` by name (cached until a member turns out unreachable)."""
+        if role not in self._members:
+            self._members[role] = await self._in_zookeeper(f"reading the {role} members",
+                                                           lambda store: store.members(role))
+        return self._members[role]
+
+    def _forget_members(self) -> None:
+        self._members.clear()
+
+    async def _fronts(self) -> list[tuple[int, str]]:
+        members = await self.members(roles.FRONT)
+        if not members:
+            raise _Unresolved(f"no front is registered in cluster {self.cluster!r} at {self.zookeeper}")
+        return _numbered(roles.FRONT, members, "id")
+
+    async def _barriers(self) -> dict[int, str]:
+        """Barrier address by partition."""
+        members = await self.members(roles.BARRIER)
+        owners: dict[int, str] = {}
+        for name, info in members.items():
+            address = str(_field(roles.BARRIER, name, info, "address"))
+            for partition in _field(roles.BARRIER, name, info, "partitions"):
+                owners[int(partition)] = address
+        if not owners:
+            raise _Unresolved(f"no barrier is registered in cluster {self.cluster!r} at {self.zookeeper}")
+        return owners
+
+    async def _barrier_of(self, partition: int) -> str:
+        owners = await self._barriers()
+        if partition not in owners:
+            raise _Unresolved(f"no barrier owns partition {partition} in cluster {self.cluster!r}")
+        return owners[partition]
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = open_channel(address)
+        return self._channels[address]
+
+    async def _retry(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()`` until it succeeds, retrying retryable statuses with exponential backoff."""
+        delay = self.backoff
+        failures = 0
+        while True:
+            try:
+                return await attempt()
+            except grpc.aio.AioRpcError as exc:
+                code, details = exc.code(), exc.details() or ""
+                if code not in _RETRYABLE or failures >= self.retries:
+                    raise ClientError(f"{what} failed: {code.name}: {details}", code, details) from None
+                if code is grpc.StatusCode.UNAVAILABLE:
+                    self._forget_members()
+            except _Unresolved:
+                if failures >= self.retries:
+                    raise
+                self._forget_members()
+            failures += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    # -- deploy --------------------------------------------------------------------------------------------
+
+    async def deploy(self, graph: Graph) -> int:
+        """Publish a tick running ``graph`` on the registered members from now on; returns its number.
+
+        The tick lists the workers in index order (worker ``i`` owns hash range
+        ``i``), the fronts, the acker and the barrier of every front partition.
+        Members are re-read so the tick reflects the cluster as it is now.
+        """
+        self._forget_members()
+        ackers = await self.members(roles.ACKER)
+        workers = await self.members(roles.WORKER)
+        fronts = await self._fronts()
+        barriers = await self._barriers()
+        if len(ackers) != 1:
+            raise ClientError(f"need exactly one acker in cluster {self.cluster!r}, found {sorted(ackers)}")
+        if not workers:
+            raise ClientError(f"no worker is registered in cluster {self.cluster!r}")
+        by_index = _numbered(roles.WORKER, workers, "index")
+        if [index for index, _ in by_index] != list(range(len(by_index))):
+            raise ClientError(f"worker indexes must be 0..{len(by_index) - 1}, found {[i for i, _ in by_index]}")
+        uncovered = [front for front, _ in fronts if front not in barriers]
+        if uncovered:
+            raise ClientError(f"no barrier owns the partition of front(s) {uncovered}")
+        (acker_name, acker_info), = ackers.items()
+        tick = Tick(number=0, start=GlobalTime(time.time_ns() // 1_000_000, 0), graph=graph.to_dict(),
+                    layout=Layout.even(len(by_index)), workers=tuple(address for _, address in by_index),
+                    fronts=tuple(front for front, _ in fronts),
+                    acker=str(_field(roles.ACKER, acker_name, acker_info, "address")),
+                    barriers=tuple(sorted(barriers.items())))
+        return await self._in_zookeeper("publishing the tick", lambda store: store.publish_tick(tick.to_dict()))
+
+    # -- push ----------------------------------------------------------------------------------------------
+
+    async def push(self, payloads: Iterable[Any], producer: str | None = None) -> PushResult:
+        """Push JSON-encodable payloads in batches of up to ``PUSH_BATCH`` events, in order."""
+        encoded = [encode_payload(p) for p in payloads]
+        if producer is None:
+            return await self._push_batches(encoded, None)
+        if not producer:
+            raise ValueError("producer id must be a non-empty string (or None for anonymous pushes)")
+        # One push at a time per producer keeps its sequence numbers contiguous
+        # and in order on the front.
+        lock = self._producer_locks.setdefault(producer, asyncio.Lock())
+        async with lock:
+            return await self._push_batches(encoded, producer)
+
+    async def _push_batches(self, encoded: list[bytes], producer: str | None) -> PushResult:
+        duplicates = 0
+        times: list[GlobalTime] = []
+        for start in range(0, len(encoded), PUSH_BATCH):
+            chunk = encoded[start:start + PUSH_BATCH]
+            first = self._sequences.get(producer, 0) if producer else 0
+            request = pb.PushRequest(events=[
+                pb.Event(payload=data, producer=producer or "", sequence=first + i if producer else 0)
+                for i, data in enumerate(chunk)])
+            try:
+                response = await self._retry("push", functools.partial(self._push_once, request, producer))
+                if len(response.admitted) != len(chunk) or len(response.times) != len(chunk):
+                    raise ClientError(f"a front answered a push of {len(chunk)} events with "
+                                      f"{len(response.admitted)} admissions and {len(response.times)} times")
+            except ClientError as exc:
+                exc.pushed = start
+                raise
+            if producer:
+                self._sequences[producer] = first + len(chunk)
+            duplicates += sum(1 for admitted in response.admitted if not admitted)
+            times.extend(GlobalTime(t.ts, t.front) for t in response.times)
+        return PushResult(events=len(encoded), duplicates=duplicates, times=tuple(times))
+
+    async def _push_once(self, request: pb.PushRequest, producer: str | None) -> pb.PushResponse:
+        fronts = await self._fronts()
+        if producer:
+            _, address = fronts[stable_hash(producer) % len(fronts)]
+        else:
+            _, address = fronts[self._round_robin % len(fronts)]
+            self._round_robin += 1
+        call = self._channel(address).unary_unary(_method("Front", "Push"),
+                                                  request_serializer=pb.PushRequest.SerializeToString,
+                                                  response_deserializer=pb.PushResponse.FromString)
+        return await call(request, timeout=self.rpc_timeout)
+
+    # -- consume -------------------------------------------------------------------------------------------
+
+    async def committed(self, group: str, partition: int) -> int:
+        """The offset ``group`` resumes ``partition`` from (0 if it never committed)."""
+
+        async def attempt() -> pb.Offset:
+            call = self._channel(await self._barrier_of(partition)).unary_unary(
+                _method("Barrier", "Committed"), request_serializer=pb.CommittedRequest.SerializeToString,
+                response_deserializer=pb.Offset.FromString)
+            return await call(pb.CommittedRequest(group=group, partition=partition), timeout=self.rpc_timeout)
+
+        return (await self._retry(f"reading the offset of group {group!r} in partition {partition}", attempt)).offset
+
+    async def commit(self, record: Record, group: str | None = None) -> None:
+        """Store ``record.offset + 1`` as where ``group`` resumes ``record.partition``.
+
+        ``group`` defaults to the group of the latest ``consume``, which is
+        where the record normally comes from.  Commits are idempotent (last
+        write wins), so they are retried like reads.
+        """
+        group = group if group is not None else self._group
+        if group is None:
+            raise ValueError("commit() needs a group: pass one or call consume() first")
+
+        async def attempt() -> pb.Empty:
+            call = self._channel(await self._barrier_of(record.partition)).unary_unary(
+                _method("Barrier", "Commit"), request_serializer=pb.CommitRequest.SerializeToString,
+                response_deserializer=pb.Empty.FromString)
+            request = pb.CommitRequest(group=group, partition=record.partition, offset=record.offset + 1)
+            return await call(request, timeout=self.rpc_timeout)
+
+        await self._retry(f"committing offset {record.offset + 1} of partition {record.partition}", attempt)
+
+    async def consume(self, group: str, from_committed: bool = True,
+                      timeout: float | None = None) -> AsyncGenerator[Record, None]:
+        """Records of every partition, merged in arrival order, each partition in offset order.
+
+        Starts each partition at ``group``'s committed offset (or 0 with
+        ``from_committed=False``) and follows it live; ends after ``timeout``
+        seconds without a record (never with None).  Nothing is committed here:
+        the caller commits what it has processed.
+        """
+        async with contextlib.aclosing(self.consume_batches(group, from_committed, timeout)) as batches:
+            async for batch in batches:
+                for record in batch:
+                    yield record
+
+    async def consume_batches(self, group: str, from_committed: bool = True,
+                              timeout: float | None = None) -> AsyncGenerator[list[Record], None]:
+        """``consume`` in lists of the records that arrived together (never empty).
+
+        Handing over what has accumulated at once keeps the per-record cost low
+        (one await per batch, not per record), which is what lets ``Client``
+        cross its thread boundary once per batch.
+        """
+        self._group = group
+        partitions = sorted(await self._barriers())
+        starts = {p: await self.committed(group, p) if from_committed else 0 for p in partitions}
+        # Bounded: a slow consumer holds back the subscriptions instead of buffering without limit.
+        queue: asyncio.Queue[Record | ClientError] = asyncio.Queue(maxsize=4 * PUSH_BATCH)
+        tasks = [asyncio.create_task(self._follow(p, starts[p], queue)) for p in partitions]
+        self._followers.update(tasks)
+        try:
+            while True:
+                try:
+                    items = [await asyncio.wait_for(queue.get(), timeout)]
+                except TimeoutError:
+                    return
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                batch: list[Record] = []
+                for item in items:
+                    if isinstance(item, ClientError):
+                        if batch:
+                            yield batch
+                        raise item
+                    batch.append(item)
+                yield batch
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._followers.difference_update(tasks)
+
+    async def _follow(self, partition: int, offset: int, queue: asyncio.Queue[Record | ClientError]) -> None:
+        """Feed one partition into ``queue``, resubscribing after the barrier's stream breaks.
+
+        A stream can end because its barrier restarted; resubscribing from the
+        next unseen offset loses and repeats nothing.  Only consecutive failures
+        count against ``retries``.
+        """
+        failures = 0
+        delay = self.backoff
+        while True:
+            try:
+                call = self._channel(await self._barrier_of(partition)).unary_stream(
+                    _method("Barrier", "Subscribe"), request_serializer=pb.SubscribeRequest.SerializeToString,
+                    response_deserializer=pb.Record.FromString)
+                async for message in call(pb.SubscribeRequest(partition=partition, from_offset=offset)):
+                    record = Record(partition=message.partition, offset=message.offset,
+                                    time=GlobalTime(message.time.ts, message.time.front),
+                                    payload=decode_payload(message.payload))
+                    offset = record.offset + 1
+                    failures, delay = 0, self.backoff
+                    await queue.put(record)
+                problem = f"the subscription to partition {partition} ended"
+                code: grpc.StatusCode | None = None
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                problem = f"subscribing to partition {partition} failed: {code.name}: {exc.details() or ''}"
+                if code not in _RETRYABLE:
+                    await queue.put(ClientError(problem, code, exc.details() or ""))
+                    return
+                self._forget_members()
+            except _Unresolved as exc:
+                problem, code = str(exc), None
+                self._forget_members()
+            except (ClientError, PayloadError) as exc:
+                await queue.put(exc if isinstance(exc, ClientError) else ClientError(f"partition {partition}: {exc}"))
+                return
+            failures += 1
+            if failures > self.retries:
+                await queue.put(ClientError(problem, code))
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+class Client:
+    """Synchronous access to one cluster (see ``AsyncClient``); use ``with`` or call ``close()``.
+
+    The calls run on a private event loop in a daemon thread: grpc.aio objects
+    belong to the loop that created them, so one long-lived loop lets channels
+    be reused across calls.
+    """
+
+    def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = 6, backoff: float = 0.1,
+                 rpc_timeout: float = 30.0, connect_timeout: float = 10.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="flamestream-client", daemon=True)
+        self._thread.start()
+        self._client = AsyncClient(zookeeper, cluster, retries=retries, backoff=backoff, rpc_timeout=rpc_timeout,
+                                   connect_timeout=connect_timeout)
+        self._consumers: weakref.WeakSet[Generator[Record, None, None]] = weakref.WeakSet()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        started, finished = threading.Event(), threading.Event()
+
+        async def step() -> T:
+            started.set()
+            try:
+                return await awaitable
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(step(), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted (Ctrl-C) while the coroutine runs: cancel it and wait
+            # until it has unwound, so the caller's cleanup (closing the stream
+            # or the client) never overlaps with it.  The round trip through the
+            # loop makes ``started`` reliable: a step in progress has finished.
+            if future.cancel():
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._loop).result()
+                if started.is_set():
+                    finished.wait()
+            raise
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        # A consume the caller abandoned is still suspended on the loop; close it
+        # while the loop runs, or it would be finalised later on a closed loop.
+        for consumer in list(self._consumers):
+            consumer.close()
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def deploy(self, graph: Graph) -> int:
+        return self._run(self._client.deploy(graph))
+
+    def push(self, payloads: Iterable[Any], producer: str | None = None) -> PushResult:
+        # Materialised here: the caller's iterable must not be consumed on another thread.
+        return self._run(self._client.push(list(payloads), producer))
+
+    def committed(self, group: str, partition: int) -> int:
+        return self._run(self._client.committed(group, partition))
+
+    def commit(self, record: Record, group: str | None = None) -> None:
+        self._run(self._client.commit(record, group))
+
+    def consume(self, group: str, from_committed: bool = True,
+                timeout: float | None = None) -> Generator[Record, None, None]:
+        consumer = self._consume(group, from_committed, timeout)
+        self._consumers.add(consumer)
+        return consumer
+
+    def _consume(self, group: str, from_committed: bool, timeout: float | None) -> Generator[Record, None, None]:
+        stream = self._client.consume_batches(group, from_committed, timeout)
+        try:
+            while True:
+                try:
+                    batch = self._run(anext(stream))
+                except StopAsyncIteration:
+                    return
+                yield from batch
+        finally:
+            if not self._loop.is_closed():
+                self._run(stream.aclose())
