@@ -20,10 +20,10 @@ from typing import Any
 
 import grpc
 import pytest
-from flamestream.client import Client
 
 from examples import inverted_index, wordcount
 from flamestream import run_oracle
+from flamestream.client import Client
 from flamestream.input_log import read_input_logs
 from flamestream.meta import GlobalTime
 from flamestream.wire import flamestream_pb2 as pb
