@@ -19,6 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from flamestream.cluster import zookeeper_serving
+
 INSTALL_HINT = "run `apt-get install -y zookeeper default-jre-headless`"
 
 # The Debian package ships zookeeper.jar whose manifest Class-Path pulls in its
@@ -128,7 +130,7 @@ class ZooKeeperServer:
         return "\n".join(parts) if parts else "(no server output)"
 
     def start(self, timeout: float = 30.0) -> None:
-        """Launch the server and return once it answers ``ruok`` with ``imok``.
+        """Launch the server and return once it serves sessions (``srvr`` answers).
 
         Raises ZooKeeperError if the prerequisites are missing, the port is taken,
         or the server dies or stays silent for ``timeout`` seconds; in the last two
@@ -159,12 +161,12 @@ class ZooKeeperServer:
                 raise ZooKeeperError(
                     f"ZooKeeper at {self.address} exited with code {code} during start-up\n{self.log_tail()}"
                 )
-            if self._answers_ruok():
+            if zookeeper_serving(self.address):
                 return
             if time.monotonic() >= deadline:
                 self.stop()
                 raise ZooKeeperError(
-                    f"ZooKeeper at {self.address} did not answer ruok within {timeout:g}s\n{self.log_tail()}"
+                    f"ZooKeeper at {self.address} did not start serving within {timeout:g}s\n{self.log_tail()}"
                 )
             time.sleep(0.1)
 
@@ -239,7 +241,7 @@ class ZooKeeperServer:
             "clientPortAddress": self.host,
             # No embedded Jetty admin server: it would grab port 8080.
             "admin.enableServer": "false",
-            # ruok is the readiness probe; srvr is what operators use to inspect.
+            # srvr is the readiness probe (see flamestream.cluster.zookeeper_serving); ruok for operators.
             "4lw.commands.whitelist": "ruok,srvr",
             # Every worker, front and acker holds a session; never refuse them.
             "maxClientCnxns": "0",
@@ -260,14 +262,3 @@ class ZooKeeperServer:
             "log4j.appender.FILE.layout.ConversionPattern": "%d{ISO8601} %-5p [%t:%C{1}@%L] - %m%n",
         }
         (self.data_dir / LOG4J_FILE).write_text("".join(f"{key}={value}\n" for key, value in log4j.items()))
-
-    def _answers_ruok(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=1.0) as sock:
-                sock.sendall(b"ruok")
-                reply = b""
-                while chunk := sock.recv(64):
-                    reply += chunk
-        except OSError:
-            return False
-        return reply == b"imok"

@@ -19,12 +19,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from flamestream import cluster_process
-from flamestream.client import Client, ClientError, Record
+from flamestream.client import Client, ClientError, PushResult, Record
 from flamestream.cluster import ClusterStore
 from flamestream.functions import FunctionRefError
 from flamestream.graph import GraphError
@@ -126,9 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--json", action="store_true",
                       help="parse each line as JSON (blank lines are skipped) instead of pushing it as a string")
     push.add_argument("--producer", help="idempotent producer id: pushing the same input again admits nothing twice")
+    push.add_argument("--rate", type=float, help="events per second, one per request (default: as fast as possible)")
     add_cluster_arguments(push)
 
-    consume = sub.add_parser("consume", help="print released records as JSON lines, committing each")
+    consume = sub.add_parser("consume", help="print released records as JSON lines, committing as it goes")
     consume.set_defaults(handler=cmd_consume)
     consume.add_argument("--group", default="cli", help="consumer group, resumes where it committed (default cli)")
     consume.add_argument("--limit", type=positive, help="stop after this many records")
@@ -287,9 +289,14 @@ def read_events(path: str, as_json: bool) -> list[Any]:
 def cmd_push(args: argparse.Namespace) -> int:
     events = read_events(args.file, args.json)
     zookeeper, cluster = cluster_address(args)
+    if args.rate is not None and args.rate <= 0:
+        raise UsageError(f"--rate must be > 0, got {args.rate}")
     with Client(zookeeper, cluster) as client:
         try:
-            result = client.push(events, producer=args.producer)
+            if args.rate is None:
+                result = client.push(events, producer=args.producer)
+            else:
+                result = paced_push(client, events, args.producer, args.rate)
         except ClientError as exc:
             if exc.pushed:
                 hint = " (push the same input with the same --producer to add the rest exactly once)"
@@ -298,6 +305,21 @@ def cmd_push(args: argparse.Namespace) -> int:
             raise
     print(f"pushed {result.events} events ({result.duplicates} duplicates)", file=sys.stderr)
     return 0
+
+
+def paced_push(client: Client, events: list[Any], producer: str | None, rate: float) -> PushResult:
+    """One event per request at ``rate`` events/s: the shape of a live source rather than a bulk load."""
+    start = time.monotonic()
+    results = []
+    for i, event in enumerate(events):
+        time.sleep(max(0.0, start + i / rate - time.monotonic()))
+        try:
+            results.append(client.push([event], producer=producer))
+        except ClientError as exc:
+            exc.pushed += i
+            raise
+    return PushResult(events=sum(r.events for r in results), duplicates=sum(r.duplicates for r in results),
+                      times=tuple(t for r in results for t in r.times))
 
 
 def record_view(record: Record, meta: bool) -> Any:
@@ -310,14 +332,19 @@ def record_view(record: Record, meta: bool) -> Any:
 def cmd_consume(args: argparse.Namespace) -> int:
     zookeeper, cluster = cluster_address(args)
     count = 0
-    with Client(zookeeper, cluster) as client, closing(client.consume(args.group, timeout=args.timeout)) as records:
-        for record in records:
-            # Printed before it is committed: a consumer killed in between shows
-            # the record again on resume rather than never.
-            sys.stdout.write(to_json(record_view(record, args.meta)) + "\n")
+    with (Client(zookeeper, cluster) as client,
+          closing(client.consume_batches(args.group, timeout=args.timeout)) as batches):
+        for batch in batches:
+            if args.limit is not None:
+                batch = batch[:args.limit - count]
+            # Printed before committed: a consumer killed in between shows these
+            # records again on resume rather than never.  One commit per partition
+            # per batch (a partition arrives in order) keeps consuming fast.
+            sys.stdout.write("".join(to_json(record_view(r, args.meta)) + "\n" for r in batch))
             sys.stdout.flush()
-            client.commit(record)
-            count += 1
+            for record in {r.partition: r for r in batch}.values():
+                client.commit(record)
+            count += len(batch)
             if args.limit is not None and count >= args.limit:
                 break
     print(f"flamestream: consumed {count} records (group {args.group!r})", file=sys.stderr)

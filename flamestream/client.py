@@ -466,7 +466,7 @@ class Client:
         self._thread.start()
         self._client = AsyncClient(zookeeper, cluster, retries=retries, backoff=backoff, rpc_timeout=rpc_timeout,
                                    connect_timeout=connect_timeout)
-        self._consumers: weakref.WeakSet[Generator[Record, None, None]] = weakref.WeakSet()
+        self._consumers: weakref.WeakSet[Generator[list[Record], None, None]] = weakref.WeakSet()
 
     def __enter__(self) -> Client:
         return self
@@ -525,19 +525,24 @@ class Client:
 
     def consume(self, group: str, from_committed: bool = True,
                 timeout: float | None = None) -> Generator[Record, None, None]:
-        consumer = self._consume(group, from_committed, timeout)
+        return (record for batch in self.consume_batches(group, from_committed, timeout) for record in batch)
+
+    def consume_batches(self, group: str, from_committed: bool = True,
+                        timeout: float | None = None) -> Generator[list[Record], None, None]:
+        """Records in the batches they arrived in, so a caller can commit once per batch."""
+        consumer = self._consume_batches(group, from_committed, timeout)
         self._consumers.add(consumer)
         return consumer
 
-    def _consume(self, group: str, from_committed: bool, timeout: float | None) -> Generator[Record, None, None]:
+    def _consume_batches(self, group: str, from_committed: bool,
+                         timeout: float | None) -> Generator[list[Record], None, None]:
         stream = self._client.consume_batches(group, from_committed, timeout)
         try:
             while True:
                 try:
-                    batch = self._run(anext(stream))
+                    yield self._run(anext(stream))
                 except StopAsyncIteration:
                     return
-                yield from batch
         finally:
             if not self._loop.is_closed():
                 self._run(stream.aclose())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -299,3 +300,21 @@ class ClusterStore:
         except NoNodeError:
             return None
         return _decode(path, data)
+
+
+def zookeeper_serving(address: str, timeout: float = 1.0) -> bool:
+    """Whether the ZooKeeper at HOST:PORT accepts sessions yet.
+
+    ``ruok`` answers ``imok`` before the server can serve, and a session opened
+    in between is dropped; ``srvr`` reports a version only once it serves.
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.sendall(b"srvr")
+            reply = b""
+            while chunk := sock.recv(256):
+                reply += chunk
+    except (OSError, ValueError):
+        return False
+    return reply.startswith(b"Zookeeper version")

@@ -34,7 +34,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 import flamestream
-from flamestream.cluster import ClusterStore
+from flamestream.cluster import ClusterStore, zookeeper_serving
 
 ZOOKEEPER = "zookeeper"
 ACKER = "acker"
@@ -381,7 +381,7 @@ class _Launcher:
             time.sleep(0.1)
         record.address = found.group(1)
         record.helpers = _children(record.pid)
-        while not _zookeeper_serving(record.address):
+        while not zookeeper_serving(record.address):
             self.check_running(record)
             if time.monotonic() >= deadline:
                 raise self.failure(record, f"does not serve requests within {self.options.timeout:g}s")
@@ -435,26 +435,6 @@ class _Launcher:
                     raise self.failure(record, f"registered {record.address} but its health check says {status} "
                                                f"after {self.options.timeout:g}s")
                 time.sleep(0.1)
-
-
-def _zookeeper_serving(address: str) -> bool:
-    """Whether ZooKeeper accepts sessions yet.
-
-    The coordinator reports its address once ``ruok`` answers, which ZooKeeper
-    does before it can serve; a session opened in between is dropped (and
-    kazoo logs a warning).  ``srvr`` (enabled by the coordinator's config)
-    only reports a version once the server serves.
-    """
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=1.0) as sock:
-            sock.sendall(b"srvr")
-            reply = b""
-            while chunk := sock.recv(256):
-                reply += chunk
-    except OSError:
-        return False
-    return reply.startswith(b"Zookeeper version")
 
 
 _HEALTH_CHECK = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/Check"
