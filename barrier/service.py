@@ -254,7 +254,7 @@ class BarrierService(pb_grpc.BarrierServicer):
                                 f"offset {offset} is outside partition {partition.number}: valid offsets are "
                                 f"0..{partition.end}")
 
-    async def Subscribe(self, request: pb.SubscribeRequest, context: Context) -> AsyncIterator[pb.Record]:
+    async def Subscribe(self, request: pb.SubscribeRequest, context: Context) -> AsyncIterator[pb.RecordBatch]:
         partition = await self._owned(request.partition, context)
         offset = request.from_offset
         await self._check_offset(partition, offset, context)
@@ -264,12 +264,14 @@ class BarrierService(pb_grpc.BarrierServicer):
             while not self._closing:
                 appended = partition.appended  # captured before checking ``end``: see _Partition.wake
                 if offset < partition.end:
+                    batch = pb.RecordBatch()
                     for record_offset, data in await asyncio.to_thread(reader.read, offset, _READ_BATCH):
-                        record = pb.Record.FromString(data)
+                        record = batch.records.add()
+                        record.MergeFromString(data)
                         record.partition = partition.number
                         record.offset = record_offset
-                        yield record
                         offset = record_offset + 1
+                    yield batch
                 else:
                     await appended.wait()
         finally:

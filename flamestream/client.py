@@ -420,14 +420,15 @@ class AsyncClient:
             try:
                 call = self._channel(await self._barrier_of(partition)).unary_stream(
                     _method("Barrier", "Subscribe"), request_serializer=pb.SubscribeRequest.SerializeToString,
-                    response_deserializer=pb.Record.FromString)
-                async for message in call(pb.SubscribeRequest(partition=partition, from_offset=offset)):
-                    record = Record(partition=message.partition, offset=message.offset,
-                                    time=GlobalTime(message.time.ts, message.time.front),
-                                    payload=decode_payload(message.payload))
-                    offset = record.offset + 1
+                    response_deserializer=pb.RecordBatch.FromString)
+                async for batch in call(pb.SubscribeRequest(partition=partition, from_offset=offset)):
+                    for message in batch.records:
+                        record = Record(partition=message.partition, offset=message.offset,
+                                        time=GlobalTime(message.time.ts, message.time.front),
+                                        payload=decode_payload(message.payload))
+                        offset = record.offset + 1
+                        await queue.put(record)
                     failures, delay = 0, self.backoff
-                    await queue.put(record)
                 problem = f"the subscription to partition {partition} ended"
                 code: grpc.StatusCode | None = None
             except grpc.aio.AioRpcError as exc:

@@ -7,6 +7,7 @@ the real acker and plays front and worker against both processes.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import queue
 import threading
@@ -108,10 +109,27 @@ def records(stream: Iterator[pb.Record], count: int) -> list[tuple[int, int, Glo
     return out
 
 
-def subscribe(stub: pb_grpc.BarrierStub, partition: int, from_offset: int) -> Iterator[pb.Record]:
-    stream: Iterator[pb.Record] = stub.Subscribe(pb.SubscribeRequest(partition=partition, from_offset=from_offset),
-                                                 timeout=60)
-    return stream
+class Subscription:
+    """A Subscribe stream read record by record (the barrier sends them in batches)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.pending: collections.deque[pb.Record] = collections.deque()
+
+    def __iter__(self) -> Subscription:
+        return self
+
+    def __next__(self) -> pb.Record:
+        while not self.pending:
+            self.pending.extend(next(self.call).records)
+        return self.pending.popleft()
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+
+def subscribe(stub: pb_grpc.BarrierStub, partition: int, from_offset: int) -> Subscription:
+    return Subscription(stub.Subscribe(pb.SubscribeRequest(partition=partition, from_offset=from_offset), timeout=60))
 
 
 def status_of(call: Any) -> tuple[grpc.StatusCode, str]:

@@ -149,9 +149,9 @@ class FakeBarrier(rpc.BarrierServicer):
     async def Subscribe(self, request: pb.SubscribeRequest, context: Any) -> Any:
         for offset, payload in enumerate(self.topics[request.partition]):
             if offset >= request.from_offset:
-                yield pb.Record(partition=request.partition, offset=offset,
-                                time=pb.GlobalTime(ts=100 + offset, front=request.partition),
-                                payload=json.dumps(payload).encode())
+                time = pb.GlobalTime(ts=100 + offset, front=request.partition)
+                yield pb.RecordBatch(records=[pb.Record(partition=request.partition, offset=offset, time=time,
+                                                        payload=json.dumps(payload).encode())])
         await asyncio.Event().wait()  # live: the client decides when to stop
 
     async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.Empty:

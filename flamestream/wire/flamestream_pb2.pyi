@@ -98,6 +98,12 @@ class Record(_message.Message):
     payload: bytes
     def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ..., time: _Optional[_Union[GlobalTime, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
+class RecordBatch(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[Record]
+    def __init__(self, records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ...) -> None: ...
+
 class CommitRequest(_message.Message):
     __slots__ = ("group", "partition", "offset")
     GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -305,7 +305,7 @@ class BarrierStub:
         self.Subscribe = channel.unary_stream(
                 '/flamestream.Barrier/Subscribe',
                 request_serializer=flamestream_dot_wire_dot_flamestream__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=flamestream_dot_wire_dot_flamestream__pb2.Record.FromString,
+                response_deserializer=flamestream_dot_wire_dot_flamestream__pb2.RecordBatch.FromString,
                 _registered_method=True)
         self.Commit = channel.unary_unary(
                 '/flamestream.Barrier/Commit',
@@ -359,7 +359,7 @@ def add_BarrierServicer_to_server(servicer, server):
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
                     request_deserializer=flamestream_dot_wire_dot_flamestream__pb2.SubscribeRequest.FromString,
-                    response_serializer=flamestream_dot_wire_dot_flamestream__pb2.Record.SerializeToString,
+                    response_serializer=flamestream_dot_wire_dot_flamestream__pb2.RecordBatch.SerializeToString,
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
@@ -425,7 +425,7 @@ class Barrier:
             target,
             '/flamestream.Barrier/Subscribe',
             flamestream_dot_wire_dot_flamestream__pb2.SubscribeRequest.SerializeToString,
-            flamestream_dot_wire_dot_flamestream__pb2.Record.FromString,
+            flamestream_dot_wire_dot_flamestream__pb2.RecordBatch.FromString,
             options,
             channel_credentials,
             insecure,
