@@ -49,8 +49,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run_rate(client: AsyncClient, pages: list[dict[str, str]], rate: float, duration: float,
-                   rng: random.Random, tag: str) -> dict[str, Any]:
+async def run_rate(client: AsyncClient, pages: list[dict[str, str]], words: list[int], rate: float,
+                   duration: float, rng: random.Random, tag: str) -> dict[str, Any]:
     expected: dict[str, int] = {}
     pushed_at: dict[str, float] = {}
     remaining: dict[str, int] = {}
@@ -75,7 +75,7 @@ async def run_rate(client: AsyncClient, pages: list[dict[str, str]], rate: float
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
         page = pages[k % len(pages)]
         pid = f"{page['id']}-{tag}-{k}"
-        remaining[pid] = expected[pid] = len(inverted_index.positions(page))
+        remaining[pid] = expected[pid] = words[k % len(pages)]
         pushed_at[pid] = time.perf_counter()
         await client.push([{**page, "id": pid}])
         k += 1
@@ -98,11 +98,12 @@ async def run_rate(client: AsyncClient, pages: list[dict[str, str]], rate: float
 
 async def bench(args: argparse.Namespace, zookeeper: str, cluster: str) -> list[dict[str, Any]]:
     pages = list(inverted_index.read_input(str(PAGES)))
+    words = [len(inverted_index.positions(page)) for page in pages]  # records per page: one per distinct word
     rng = random.Random(args.seed)
     results = []
     async with AsyncClient(zookeeper, cluster) as client:
         for rate in args.rates:
-            results.append(await run_rate(client, pages, rate, args.duration, rng, f"r{rate:g}"))
+            results.append(await run_rate(client, pages, words, rate, args.duration, rng, f"r{rate:g}"))
     return results
 
 
