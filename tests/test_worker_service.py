@@ -54,7 +54,8 @@ def xor_all(acks: list[dict[GlobalTime, int]], gt: GlobalTime) -> int:
     return reduce(lambda a, b: a ^ b, (a.get(gt, 0) for a in acks), 0)
 
 
-async def scenario(zookeeper: str, cluster: str) -> None:
+async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
+    """Run the worker with ``flags``; return the sizes of the batches it delivered to the barrier."""
     stand_ins = StandIns()
     server = grpc.aio.server()
     rpc.add_AckerServicer_to_server(stand_ins, server)
@@ -62,7 +63,7 @@ async def scenario(zookeeper: str, cluster: str) -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     worker = subprocess.Popen([sys.executable, "-m", "workers", "--zookeeper", zookeeper, "--cluster", cluster,
-                               "--index", "0"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                               "--index", "0", *flags], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout is not None
         ready = (await asyncio.to_thread(worker.stdout.readline)).split()
@@ -96,6 +97,7 @@ async def scenario(zookeeper: str, cluster: str) -> None:
         # The worker's acks XOR the barrier batches' acks equal what the sender acked: receipt cancels send,
         # and the barrier's own receipt acks (not sent by this stand-in) would cancel the rest.
         assert xor_all(stand_ins.acks + [acks for _, acks in stand_ins.delivered], gt) == sent[gt]
+        return [len(items) for items, _ in stand_ins.delivered]
     finally:
         worker.terminate()
         assert await asyncio.to_thread(worker.wait, 20) == 0
@@ -103,4 +105,8 @@ async def scenario(zookeeper: str, cluster: str) -> None:
 
 
 def test_worker_processes_batches_and_acks_per_step(zookeeper: str, cluster_name: str) -> None:
-    asyncio.run(scenario(zookeeper, cluster_name))
+    assert asyncio.run(scenario(zookeeper, cluster_name, ["--linger-ms", "5"])) == [7]  # one step, one message
+
+
+def test_worker_splits_output_into_batches_of_at_most_batch_items(zookeeper: str, cluster_name: str) -> None:
+    assert asyncio.run(scenario(zookeeper, cluster_name, ["--batch-items", "2"])) == [2, 2, 2, 1]

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -23,6 +24,14 @@ from flamestream.worker import Worker
 
 def _envelope_meta(env: Envelope) -> tuple[GlobalTime, Any]:
     return env[2][1], env[2][2]
+
+
+def _envelope_time(env: Envelope) -> GlobalTime:
+    return env[2][1]
+
+
+def _item_time(item: Item) -> GlobalTime:
+    return item[1]
 
 
 class Streams:
@@ -56,8 +65,10 @@ class Streams:
 
 
 class WorkerService(rpc.WorkerServicer):
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, batch_items: int = 4096, linger_ms: float = 0.0) -> None:
         self.index = index
+        self.batch_items = batch_items
+        self.linger = linger_ms / 1000
         self.inbox: asyncio.Queue[pb.ItemBatch] = asyncio.Queue()
         self.core: Worker | None = None
         self.tick: Tick | None = None
@@ -93,6 +104,8 @@ class WorkerService(rpc.WorkerServicer):
     async def run(self) -> None:
         while True:
             batches = [await self.inbox.get()]
+            if self.linger:
+                await asyncio.sleep(self.linger)
             while not self.inbox.empty():
                 batches.append(self.inbox.get_nowait())
             await self.ready.wait()
@@ -111,24 +124,27 @@ class WorkerService(rpc.WorkerServicer):
             envelopes.sort(key=_envelope_meta)
         remote, to_barrier = core.process(envelopes)
         for worker, outs in remote.items():
-            await self._send(tick.workers[worker], "Exchange", outs, {e[2][1] for e in outs}, acks)
+            await self._send(tick.workers[worker], "Exchange", outs, _envelope_time, acks)
         by_barrier: dict[str, list[Item]] = {}
         for item in to_barrier:
             by_barrier.setdefault(tick.barrier_of(item[1].front), []).append(item)
         for address, items in by_barrier.items():
-            await self._send(address, "Deliver", items, {i[1] for i in items}, acks)
+            await self._send(address, "Deliver", items, _item_time, acks)
         await self.streams.write(tick.acker, "Ack", pb.AckBatch(acks=codec.ack_messages(acks)))
 
-    async def _send(self, address: str, method: str, entries: list[Any], times: set[GlobalTime],
+    async def _send(self, address: str, method: str, entries: list[Any], gt_of: Callable[[Any], GlobalTime],
                     acks: dict[GlobalTime, int]) -> None:
-        sent = codec.new_acks(times)
-        codec.xor_into(acks, sent)
-        await self.streams.write(address, method, codec.encode_batch(entries, sent, self.index))
+        """Ship ``entries`` in messages of at most ``batch_items``, each with fresh send acks folded into ``acks``."""
+        for start in range(0, len(entries), self.batch_items):
+            chunk = entries[start:start + self.batch_items]
+            sent = codec.new_acks({gt_of(e) for e in chunk})
+            codec.xor_into(acks, sent)
+            await self.streams.write(address, method, codec.encode_batch(chunk, sent, self.index))
 
 
 async def serve(args: argparse.Namespace) -> None:
     host = hosting.Host("worker", args)
-    service = WorkerService(args.index)
+    service = WorkerService(args.index, args.batch_items, args.linger_ms)
     await host.start(lambda server: rpc.add_WorkerServicer_to_server(service, server), {"index": args.index})
 
     async def follow_ticks() -> None:
