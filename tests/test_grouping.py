@@ -309,17 +309,17 @@ metas = st.tuples(st.integers(0, 5), st.integers(0, 1), st.lists(st.integers(0, 
     specs=st.lists(
         st.tuples(metas, st.integers(0, 2)), max_size=25, unique_by=lambda s: (s[0][0], s[0][1], tuple(s[0][2]))
     ),
-    seed=st.integers(0, 2**32),
+    rnd=st.randoms(use_true_random=False),
 )
 def test_any_arrival_order_converges_to_in_order_windows(
-    window: int, specs: list[tuple[tuple[int, int, list[int]], int]], seed: int
+    window: int, specs: list[tuple[tuple[int, int, list[int]], int]], rnd: random.Random
 ) -> None:
     items = [
         (key, (f"p{i}", GlobalTime(ts, front), tuple(trace), False))
         for i, ((ts, front, trace), key) in enumerate(specs)
     ]
     shuffled = list(items)
-    random.Random(seed).shuffle(shuffled)
+    rnd.shuffle(shuffled)
     g = Grouping(window)
     live: Counter[tuple[Any, ...]] = Counter()
     for key, it in shuffled:
@@ -334,15 +334,15 @@ def test_any_arrival_order_converges_to_in_order_windows(
     specs=st.lists(
         st.tuples(st.integers(0, 40), st.integers(0, 2), st.booleans()), max_size=25, unique_by=lambda s: s[0]
     ),
-    seed=st.integers(0, 2**32),
+    rnd=st.randoms(use_true_random=False),
 )
 def test_retractions_in_any_order_converge_to_in_order_windows_of_survivors(
-    window: int, specs: list[tuple[int, int, bool]], seed: int
+    window: int, specs: list[tuple[int, int, bool]], rnd: random.Random
 ) -> None:
     """Some items are retracted; tombstones may even overtake their item."""
     items = [(key, item(f"p{ts}", ts)) for ts, key, _ in specs]
     events = list(items) + [(key, tomb(item(f"p{ts}", ts))) for ts, key, retracted in specs if retracted]
-    random.Random(seed).shuffle(events)
+    rnd.shuffle(events)
     g = Grouping(window)
     live: Counter[tuple[Any, ...]] = Counter()
     for key, it in events:
