@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -110,3 +111,30 @@ def test_worker_processes_batches_and_acks_per_step(zookeeper: str, cluster_name
 
 def test_worker_splits_output_into_batches_of_at_most_batch_items(zookeeper: str, cluster_name: str) -> None:
     assert asyncio.run(scenario(zookeeper, cluster_name, ["--batch-items", "2"])) == [2, 2, 2, 1]
+
+
+def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: str) -> None:
+    """No fault tolerance yet: a worker whose barrier is gone must exit non-zero, not idle holding the min time."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    worker = subprocess.Popen([sys.executable, "-m", "workers", "--zookeeper", zookeeper, "--cluster", cluster_name,
+                               "--index", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        address = worker.stdout.readline().split()[3]
+        with ClusterStore(zookeeper, cluster=cluster_name) as store:
+            store.publish_tick(Tick(0, GlobalTime(0, 0), wordcount.graph().to_dict(), Layout.even(1),
+                                    workers=(address,), fronts=(0,), acker=dead, barriers=((0, dead),)).to_dict())
+        plan = compile_graph(wordcount.graph())
+        gt = GlobalTime(1, 0)
+        with grpc.insecure_channel(address) as channel:
+            rpc.WorkerStub(channel).Exchange(iter([codec.encode_batch(
+                [(plan.entry, plan.entry_balance("a b"), ("a b", gt, (0,), False))], codec.new_acks([gt]), -1)]))
+        _, stderr = worker.communicate(timeout=60)
+        assert worker.returncode not in (0, None)
+        assert "worker 0: stopped" in stderr
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -152,8 +153,15 @@ async def serve(args: argparse.Namespace) -> None:
             await service.apply_tick(tick)
 
     tasks = [asyncio.create_task(service.run()), asyncio.create_task(follow_ticks())]
-    await host.wait_stopped()
-    for task in tasks:
+    stopped = asyncio.create_task(host.wait_stopped())
+    await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+    for task in [stopped, *tasks]:
         task.cancel()
     await service.streams.close()
     await host.stop()
+    if failed:
+        # No fault tolerance yet: a worker that cannot go on must die visibly, not sit idle holding the min time.
+        error = failed[0].exception()
+        traceback.print_exception(error)
+        raise SystemExit(f"worker {args.index}: stopped: {error!r}")
