@@ -25,6 +25,7 @@ import contextlib
 import functools
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from flamestream.wire import flamestream_pb2 as pb
 
 T = TypeVar("T")
 
+ANONYMOUS = "~anon-"
+"""Prefix of the internal producer ids of anonymous pushes (user producer ids may not use it)."""
 PUSH_BATCH = 500
 """Events per Push request: big enough to amortise the front's fsync, small enough to retry cheaply."""
 
@@ -139,6 +142,9 @@ class AsyncClient:
         self._sequences: dict[str, int] = {}
         self._producer_locks: dict[str, asyncio.Lock] = {}
         self._round_robin = 0
+        self._anonymous = uuid.uuid4().hex
+        """Producer id prefix for pushes without one: retries of anonymous pushes are deduplicated too."""
+        self._front_ids: list[int] | None = None
         self._group: str | None = None
         self._followers: set[asyncio.Task[None]] = set()
 
@@ -190,6 +196,28 @@ class AsyncClient:
 
     def _forget_members(self) -> None:
         self._members.clear()
+        self._front_ids = None
+
+    async def _tick_front_ids(self) -> list[int]:
+        """The front ids of the deployed tick: a fixed set, unlike the live membership.
+
+        Producer deduplication is per front, so a producer must always reach the
+        same front; picking among whoever is registered right now would send a
+        retry elsewhere while its front restarts, and admit it twice.
+        """
+        if self._front_ids is None:
+            latest = await self._in_zookeeper("reading the deployed tick", lambda store: store.latest_tick())
+            if latest is not None:
+                self._front_ids = sorted(int(f) for f in latest[1]["fronts"])
+            else:  # nothing deployed yet: pushes fail with FAILED_PRECONDITION and are retried anyway
+                self._front_ids = sorted(front for front, _ in await self._fronts())
+        return self._front_ids
+
+    async def _front_address(self, front: int) -> str:
+        for number, address in await self._fronts():
+            if number == front:
+                return address
+        raise _Unresolved(f"front {front} is not registered in cluster {self.cluster!r} (restarting?)")
 
     async def _fronts(self) -> list[tuple[int, str]]:
         members = await self.members(roles.FRONT)
@@ -280,8 +308,9 @@ class AsyncClient:
         encoded = [encode_payload(p) for p in payloads]
         if producer is None:
             return await self._push_batches(encoded, None)
-        if not producer:
-            raise ValueError("producer id must be a non-empty string (or None for anonymous pushes)")
+        if not producer or producer.startswith(ANONYMOUS):
+            raise ValueError(f"producer id must be a non-empty string not starting with {ANONYMOUS!r} "
+                             "(or None for anonymous pushes)")
         # One push at a time per producer keeps its sequence numbers contiguous
         # and in order on the front.
         lock = self._producer_locks.setdefault(producer, asyncio.Lock())
@@ -293,32 +322,31 @@ class AsyncClient:
         times: list[GlobalTime] = []
         for start in range(0, len(encoded), PUSH_BATCH):
             chunk = encoded[start:start + PUSH_BATCH]
-            first = self._sequences.get(producer, 0) if producer else 0
-            request = pb.PushRequest(events=[
-                pb.Event(payload=data, producer=producer or "", sequence=first + i if producer else 0)
-                for i, data in enumerate(chunk)])
+            fronts = await self._retry("finding the fronts", self._tick_front_ids)
+            if producer:
+                front, sender = fronts[stable_hash(producer) % len(fronts)], producer
+            else:  # spread anonymous batches over the fronts, each front with its own internal producer id
+                front = fronts[self._round_robin % len(fronts)]
+                self._round_robin += 1
+                sender = f"{ANONYMOUS}{self._anonymous}-{front}"
+            first = self._sequences.get(sender, 0)
+            request = pb.PushRequest(events=[pb.Event(payload=data, producer=sender, sequence=first + i)
+                                             for i, data in enumerate(chunk)])
             try:
-                response = await self._retry("push", functools.partial(self._push_once, request, producer))
+                response = await self._retry("push", functools.partial(self._push_once, request, front))
                 if len(response.admitted) != len(chunk) or len(response.times) != len(chunk):
                     raise ClientError(f"a front answered a push of {len(chunk)} events with "
                                       f"{len(response.admitted)} admissions and {len(response.times)} times")
             except ClientError as exc:
                 exc.pushed = start
                 raise
-            if producer:
-                self._sequences[producer] = first + len(chunk)
+            self._sequences[sender] = first + len(chunk)
             duplicates += sum(1 for admitted in response.admitted if not admitted)
             times.extend(GlobalTime(t.ts, t.front) for t in response.times)
         return PushResult(events=len(encoded), duplicates=duplicates, times=tuple(times))
 
-    async def _push_once(self, request: pb.PushRequest, producer: str | None) -> pb.PushResponse:
-        fronts = await self._fronts()
-        if producer:
-            _, address = fronts[stable_hash(producer) % len(fronts)]
-        else:
-            _, address = fronts[self._round_robin % len(fronts)]
-            self._round_robin += 1
-        call = self._channel(address).unary_unary(_method("Front", "Push"),
+    async def _push_once(self, request: pb.PushRequest, front: int) -> pb.PushResponse:
+        call = self._channel(await self._front_address(front)).unary_unary(_method("Front", "Push"),
                                                   request_serializer=pb.PushRequest.SerializeToString,
                                                   response_deserializer=pb.PushResponse.FromString)
         return await call(request, timeout=self.rpc_timeout)

@@ -28,7 +28,7 @@ class PayloadError(ValueError):
 def decode_payload(data: bytes) -> Any:
     try:
         return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, integers too long, nesting too deep
         raise PayloadError(f"payload is not valid JSON: {exc}") from exc
 
 

@@ -28,8 +28,9 @@ import grpc
 import pytest
 
 from flamestream import cluster_process
-from flamestream.client import PUSH_BATCH, AsyncClient, Client, ClientError, Record
+from flamestream.client import ANONYMOUS, PUSH_BATCH, AsyncClient, Client, ClientError, Record
 from flamestream.cluster import ClusterStore
+from flamestream.hashing import stable_hash
 from flamestream.meta import GlobalTime
 from flamestream.tick import Layout, Tick
 from flamestream.wire import flamestream_pb2 as pb
@@ -365,7 +366,8 @@ def test_a_front_that_registers_late_is_waited_for_one_that_never_does_is_an_err
     with Client(zookeeper, cluster_name, backoff=0.1) as client:
         assert client.push(["x"]).events == 1
     later.join()
-    assert front.log == [("", 0, "x")]
+    # anonymous pushes carry the client's internal producer id, so a retry of them is deduplicated too
+    assert [(producer.startswith(ANONYMOUS), sequence, x) for producer, sequence, x in front.log] == [(True, 0, "x")]
 
 
 def test_async_client_spreads_anonymous_batches_and_pins_a_producer(
@@ -565,3 +567,18 @@ def test_up_deploy_push_consume_down(tmp_path: Path) -> None:
         assert not cluster_process.is_alive(p["pid"], p["started"]), p
         assert not p["address"] or port_free(p["address"]), p
     assert_nothing_left(data)
+
+
+def test_a_producer_waits_for_its_own_front_and_never_switches(
+        servers: AioServers, store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
+    """Deduplication lives in the producer's front; a retry sent to another front would be admitted twice."""
+    fronts = [FakeFront(0), FakeFront(1)]
+    add_front(servers, store, fronts[0])
+    with ClusterStore(zookeeper, cluster=cluster_name) as session:  # front 1's membership ends with this session
+        add_front(servers, session, fronts[1])
+    store.publish_tick({"fronts": [0, 1]})
+    producer = next(p for p in (f"p{i}" for i in range(100)) if stable_hash(p) % 2 == 1)  # pinned to front 1
+    with Client(zookeeper, cluster_name, retries=2, backoff=0.01) as client, pytest.raises(ClientError) as failed:
+        client.push(["x"], producer=producer)
+    assert "front 1 is not registered" in str(failed.value)
+    assert fronts[0].calls == [] and fronts[1].calls == []

@@ -64,3 +64,7 @@ def test_payloads_are_json() -> None:
         codec.decode_payload(b"{oops")
     with pytest.raises(codec.PayloadError):
         codec.decode_payload(b"\xff")
+    with pytest.raises(codec.PayloadError):
+        codec.decode_payload(b"9" * 5000)  # beyond Python's int-from-string limit
+    with pytest.raises(codec.PayloadError):
+        codec.decode_payload(b"[" * 100_000 + b"]" * 100_000)  # nested too deep

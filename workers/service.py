@@ -56,9 +56,11 @@ class Streams:
         await call.write(message)
 
     async def close(self) -> None:
+        """Half-close every stream and wait (bounded) for its reply, so nothing written is cancelled in flight."""
         for call in self._calls.values():
             with contextlib.suppress(Exception):
                 await call.done_writing()
+                await asyncio.wait_for(call, timeout=5)
         for ch in self._channels.values():
             await ch.close()
         self._calls.clear()
@@ -75,6 +77,8 @@ class WorkerService(rpc.WorkerServicer):
         self.tick: Tick | None = None
         self.streams = Streams()
         self.ready = asyncio.Event()
+        self.lock = asyncio.Lock()
+        """Serialises processing steps and tick changes: a step never writes to streams being closed."""
         self._min_time_task: asyncio.Task[None] | None = None
 
     async def Exchange(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> pb.Empty:
@@ -84,6 +88,10 @@ class WorkerService(rpc.WorkerServicer):
         return pb.Empty()
 
     async def apply_tick(self, tick: Tick) -> None:
+        async with self.lock:
+            await self._apply_tick(tick)
+
+    async def _apply_tick(self, tick: Tick) -> None:
         if self.index >= len(tick.workers):
             print(f"worker {self.index}: tick {tick.number} has only {len(tick.workers)} workers; idle",
                   file=sys.stderr, flush=True)
@@ -110,7 +118,8 @@ class WorkerService(rpc.WorkerServicer):
             while not self.inbox.empty():
                 batches.append(self.inbox.get_nowait())
             await self.ready.wait()
-            await self.step(batches)
+            async with self.lock:
+                await self.step(batches)
 
     async def step(self, batches: list[pb.ItemBatch]) -> None:
         core, tick = self.core, self.tick
