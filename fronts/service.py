@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -157,9 +158,30 @@ def _open_input_log(directory: Path) -> tuple[SegmentedLog, ProducerTable, int]:
     return log, producers, last_ts
 
 
+PROMISE_STEP_MS = 1000
+"""How far ahead a front persists its report promise: one small fsync per second of reports."""
+
+
+def _read_promise(path: Path) -> int:
+    try:
+        return int(path.read_text())
+    except FileNotFoundError:
+        return 0
+
+
+def _write_promise(path: Path, ts: int) -> None:
+    """Durably replace the promise file (write, fsync, rename) so a crash leaves the old or the new bound."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(ts))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class FrontService(rpc.FrontServicer):
     def __init__(self, front_id: int, log: SegmentedLog, producers: ProducerTable, last_ts: int,
-                 max_event_bytes: int) -> None:
+                 max_event_bytes: int, promise_file: Path) -> None:
         self.front_id = front_id
         self.max_event_bytes = max_event_bytes
         self.failed = asyncio.Event()
@@ -171,6 +193,10 @@ class FrontService(rpc.FrontServicer):
         if last_ts >= 0:
             # A restarted front must not reuse a (ts, seq) it already logged, even if the wall clock went back.
             self._clock.report(last_ts + 1)
+        self._promise_file = promise_file
+        self._promised = _read_promise(promise_file)
+        """Reports never exceed this persisted bound, so a restarted front never stamps below a promise it made."""
+        self._clock.report(self._promised)
         self._route: _Route | None = None
         self._refusal = NO_GRAPH
         self._lock = asyncio.Lock()
@@ -179,8 +205,9 @@ class FrontService(rpc.FrontServicer):
 
     @classmethod
     async def open(cls, front_id: int, data_dir: Path, max_event_bytes: int) -> FrontService:
-        log, producers, last_ts = await asyncio.to_thread(_open_input_log, front_log_dir(data_dir, front_id))
-        return cls(front_id, log, producers, last_ts, max_event_bytes)
+        directory = front_log_dir(data_dir, front_id)
+        log, producers, last_ts = await asyncio.to_thread(_open_input_log, directory)
+        return cls(front_id, log, producers, last_ts, max_event_bytes, directory.parent / f"promise-{front_id}")
 
     def register(self, server: grpc.aio.Server) -> None:
         rpc.add_FrontServicer_to_server(self, server)
@@ -398,6 +425,9 @@ class FrontService(rpc.FrontServicer):
                 if route is None or route.broken is not None:
                     continue
                 ts = self._clock.report(_now_ms())
+                if ts > self._promised:  # persist ahead, in steps, before promising past the persisted bound
+                    self._promised = ts + PROMISE_STEP_MS
+                    await asyncio.to_thread(_write_promise, self._promise_file, self._promised)
                 try:
                     await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
                 except StreamBroken as exc:

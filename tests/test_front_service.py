@@ -397,6 +397,27 @@ def test_retries_are_admitted_once_also_across_a_restart(zookeeper: str, cluster
     asyncio.run(scenario())
 
 
+def test_a_restarted_front_keeps_the_promises_it_reported(
+        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    """Reports are persisted ahead of being sent, so a restart (even with the clock stepped back) never stamps
+    below a time already promised to the acker; a persisted bound far in the future stands in for that clock."""
+    async def scenario() -> None:
+        async with stand_ins() as cluster:
+            await publish(zookeeper, cluster_name, cluster.tick(wordcount.graph().to_dict(), 0))
+            async with front(zookeeper, cluster_name, tmp_path) as (_, stub):
+                await push_once_deployed(stub, [event("a")])
+                await asyncio.sleep(0.2)  # some reports go out
+            promise = tmp_path / "input" / f"promise-{FRONT}"
+            persisted = int(promise.read_text())
+            assert persisted >= now_ms() - 1000 and max(cluster.acker.reports()) <= persisted
+            promise.write_text(str(now_ms() + 60_000))  # as if the wall clock had stepped back a minute
+            async with front(zookeeper, cluster_name, tmp_path) as (_, stub):
+                (after,) = times(await push_once_deployed(stub, [event("b")]))
+                assert after.ts >= int(promise.read_text()) - 1000 >= now_ms() + 50_000
+
+    asyncio.run(scenario())
+
+
 def _limit_file_size() -> None:
     """Runs in the front's process before exec: files cannot grow past 2 KiB, so the input log fills up."""
     resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
