@@ -44,6 +44,7 @@ class Cluster:
         self.data, self.zookeeper, self.name = data, zookeeper, name
 
     def client(self) -> Client:
+        """A new SDK client; callers close it (``with``), or its ZooKeeper session outlives the cluster."""
         return Client(self.zookeeper, cluster=self.name)
 
     def deploy(self, graph: str) -> None:
@@ -115,13 +116,14 @@ def expected_from_input_logs(cluster: Cluster, graph: Any) -> list[tuple[GlobalT
 
 def test_wordcount_topic_equals_oracle_and_consumers_resume(cluster: Cluster) -> None:
     cluster.deploy("examples/wordcount.py")
-    client = cluster.client()
     lines = [f"the dog {i % 7} saw the cat {i % 3}" for i in range(300)]
-    client.push(lines)
-    expected = expected_from_input_logs(cluster, wordcount.graph())
-    assert len(expected) == sum(len(line.split()) for line in lines)
-    first = consume_all(client, "resume", len(expected) // 3)
-    rest = consume_all(cluster.client(), "resume", len(expected) - len(first))  # a new consumer, same group
+    with cluster.client() as client:
+        client.push(lines)
+        expected = expected_from_input_logs(cluster, wordcount.graph())
+        assert len(expected) == sum(len(line.split()) for line in lines)
+        first = consume_all(client, "resume", len(expected) // 3)
+    with cluster.client() as client:  # a new consumer, same group
+        rest = consume_all(client, "resume", len(expected) - len(first))
     got = [(r.time, r.payload) for r in first + rest]
     assert as_multiset(got) == as_multiset(expected)  # nothing lost, nothing twice, across the resume
     per_word: dict[str, int] = {}
@@ -133,12 +135,12 @@ def test_wordcount_topic_equals_oracle_and_consumers_resume(cluster: Cluster) ->
 def test_inverted_index_topic_equals_oracle(cluster: Cluster) -> None:
     cluster.deploy("examples/inverted_index.py")
     pages = list(inverted_index.read_input(str(PAGES)))
-    client = cluster.client()
-    for i in range(0, len(pages), 4):  # paced like a real source: one burst of all pages would mostly measure replays
-        client.push(pages[i:i + 4])
-        time.sleep(0.02)
-    expected = expected_from_input_logs(cluster, inverted_index.graph())
-    got = consume_all(client, "index", len(expected), timeout=240)
+    with cluster.client() as client:
+        for i in range(0, len(pages), 4):  # paced like a real source: one burst of all pages would measure replays
+            client.push(pages[i:i + 4])
+            time.sleep(0.02)
+        expected = expected_from_input_logs(cluster, inverted_index.graph())
+        got = consume_all(client, "index", len(expected), timeout=240)
     assert as_multiset([(r.time, r.payload) for r in got]) == as_multiset(expected)
 
 
@@ -157,5 +159,6 @@ def test_retries_and_bad_input(cluster: Cluster) -> None:
                 front.Push(pb.PushRequest(events=[pb.Event(payload=bad)]))
             assert info.value.code() == code and "event 0" in info.value.details()
         assert list(front.Push(pb.PushRequest(events=[pb.Event(payload=b'"after"')])).admitted) == [True]
-    records = consume_all(cluster.client(), "retries", 3)
+    with cluster.client() as client:
+        records = consume_all(client, "retries", 3)
     assert sorted(r.payload["word"] for r in records) == ["after", "me", "retry"]  # the retry counted once
