@@ -35,6 +35,7 @@ from flamestream.meta import GlobalTime
 from flamestream.tick import Layout, Tick
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
+from tests.loopback import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,12 +65,9 @@ class AioServers:
 
     def start(self, register: Callable[[grpc.aio.Server], None]) -> str:
         async def start() -> str:
-            server = grpc.aio.server()
-            register(server)
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
+            server, address = await start_server(register)
             self.servers.append(server)
-            return f"127.0.0.1:{port}"
+            return address
 
         return asyncio.run_coroutine_threadsafe(start(), self.loop).result()
 

@@ -38,6 +38,7 @@ from flamestream.tick import Layout, Tick
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from fronts.producers import ProducerTable
+from tests.loopback import start_server
 
 REPO = Path(__file__).resolve().parents[1]
 FRONT = 3
@@ -92,12 +93,9 @@ class StandIns:
         self._servers: list[grpc.aio.Server] = []
 
     async def _serve(self, register: Callable[[grpc.aio.Server], None]) -> str:
-        server = grpc.aio.server()
-        register(server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+        server, address = await start_server(register)
         self._servers.append(server)
-        return f"127.0.0.1:{port}"
+        return address
 
     async def start(self) -> None:
         for worker in self.workers:

@@ -22,6 +22,7 @@ from flamestream.plan import compile_graph
 from flamestream.tick import Layout, Tick
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
+from tests.loopback import start_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,18 +59,17 @@ def xor_all(acks: list[dict[GlobalTime, int]], gt: GlobalTime) -> int:
 async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
     """Run the worker with ``flags``; return the sizes of the batches it delivered to the barrier."""
     stand_ins = StandIns()
-    server = grpc.aio.server()
-    rpc.add_AckerServicer_to_server(stand_ins, server)
-    rpc.add_BarrierServicer_to_server(stand_ins, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    def register(server: grpc.aio.Server) -> None:
+        rpc.add_AckerServicer_to_server(stand_ins, server)
+        rpc.add_BarrierServicer_to_server(stand_ins, server)
+
+    server, here = await start_server(register)
     worker = subprocess.Popen([sys.executable, "-m", "workers", "--zookeeper", zookeeper, "--cluster", cluster,
                                "--index", "0", *flags], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout is not None
         ready = (await asyncio.to_thread(worker.stdout.readline)).split()
         assert ready[:3] == ["ready", "worker", "worker0"], ready
-        here = f"127.0.0.1:{port}"
         graph = wordcount.graph().to_dict()
         with ClusterStore(zookeeper, cluster=cluster) as store:
             store.publish_tick(Tick(0, GlobalTime(0, 0), graph, Layout.even(1), workers=(ready[3],), fronts=(0,),
