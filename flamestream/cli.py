@@ -138,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--meta", action="store_true",
                          help='print {"partition", "offset", "ts", "front", "payload"} instead of the payload')
     add_cluster_arguments(consume)
+
+    replay = sub.add_parser("replay", help="run a graph over the fronts' input log as a Spark job, into Parquet")
+    replay.set_defaults(handler=cmd_replay)
+    replay.add_argument("--graph", required=True, help="Python file defining graph()")
+    replay.add_argument("--input-log", required=True,
+                        help="the cluster's data dir (or its input/ dir) holding the fronts' input logs")
+    replay.add_argument("--out", required=True, help="output directory for the Parquet files (replaced)")
+    replay.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    replay.add_argument("--partitions", type=positive, default=4, help="partitions per stage (default 4)")
     return parser
 
 
@@ -160,6 +169,32 @@ def main(argv: list[str] | None = None) -> int:
     except (NotRunning, ClientError) as exc:
         print(f"flamestream: error: {exc}", file=sys.stderr)
         return 1
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from flamestream.input_log import read_input_logs
+    from flamestream.replay import ReplayError, replay, to_parquet
+
+    graph, _module = load_graph(args.graph)
+    source = Path(args.input_log)
+    if not source.is_dir():
+        raise UsageError(f"--input-log {args.input_log!r} is not a directory")
+    stamped = read_input_logs(source)
+    if not stamped:
+        raise UsageError(f"no input log under {source} (expected front-<id>/ directories, or input/ holding them)")
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(args.master).appName("flamestream-replay")
+             .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR").getOrCreate())
+    try:
+        released = replay(spark, graph, stamped, partitions=args.partitions)
+        to_parquet(spark, released, args.out)
+    except ReplayError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        spark.stop()
+    print(f"flamestream: replayed {len(stamped)} events -> {len(released)} records in {args.out}", file=sys.stderr)
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -48,8 +48,9 @@ def read_input_log(directory: Path) -> Iterator[Stamped]:
 
 
 def read_input_logs(data_dir: Path) -> list[Stamped]:
-    """Every front's input log under a cluster data dir (``DIR/input/front-<id>``)."""
+    """Every front's input log under a cluster data dir (``DIR/input/front-<id>``) or its ``input`` dir."""
+    base = data_dir / "input" if (data_dir / "input").is_dir() else data_dir
     stamped: list[Stamped] = []
-    for directory in sorted((data_dir / "input").glob("front-*")):
+    for directory in sorted(p for p in base.glob("front-*") if p.is_dir()):
         stamped.extend(read_input_log(directory))
     return stamped

@@ -24,8 +24,12 @@ Outbox = tuple[dict[int, list[Envelope]], list[Item]]
 
 
 class Worker:
-    def __init__(self, plan: Plan, index: int, layout: Layout) -> None:
+    def __init__(self, plan: Plan, index: int, layout: Layout, cut: frozenset[int] = frozenset()) -> None:
+        """``cut``: groupings whose input is set aside in ``self.cut_off`` instead of processed — batch replay
+        runs each grouping in a stage of its own, so its state lives in exactly one place."""
         self.plan = plan
+        self.cut = cut
+        self.cut_off: list[Envelope] = []
         self.index = index
         self.layout = layout
         self.lo, self.hi = layout.range_of(index)
@@ -88,7 +92,9 @@ class Worker:
             except Exception as exc:
                 barrier.append((dead_letter(plan.names[dst], exc, item[0]), item[1], item[2], item[3]))
                 continue
-            if lo <= h <= hi:
+            if self.cut and dst in self.cut:
+                self.cut_off.append((dst, h, item))
+            elif lo <= h <= hi:
                 local.append((dst, h, item))
             else:
                 remote.setdefault(self.layout.owner(h), []).append((dst, h, item))

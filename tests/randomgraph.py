@@ -135,3 +135,8 @@ def _add(g: Graph, tail: Node, s: Stage) -> Node:
     fanout = loop.to(g.map(halve, balance=ident)).to(g.broadcast(2))
     g.connect(fanout.out(1), loop.inp(1))
     return g.connect(fanout.out(0), g.map(inc))
+
+
+def halve_window(window: tuple[int, ...]) -> list[int]:
+    """Loop body over a grouping's window: halve its last value until it reaches 1."""
+    return halve(window[-1])
