@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--out", required=True, help="output directory for the Parquet files (replaced)")
     replay.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     replay.add_argument("--partitions", type=positive, default=4, help="partitions per stage (default 4)")
+
+    audit = sub.add_parser("audit", help="compare the output topic with a batch replay (exit 1 when they differ)")
+    audit.set_defaults(handler=cmd_audit)
+    audit.add_argument("--topic", required=True, help="the cluster's data dir (or its topic/ dir)")
+    audit.add_argument("--replay", required=True, help="Parquet directory written by `flamestream replay`")
+    audit.add_argument("--show", type=positive, default=10, help="differences to print per side (default 10)")
     return parser
 
 
@@ -195,6 +201,27 @@ def cmd_replay(args: argparse.Namespace) -> int:
         spark.stop()
     print(f"flamestream: replayed {len(stamped)} events -> {len(released)} records in {args.out}", file=sys.stderr)
     return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from flamestream.audit import audit, replay_records, topic_records
+
+    topic_dir, replay_dir = Path(args.topic), Path(args.replay)
+    for flag, path in (("--topic", topic_dir), ("--replay", replay_dir)):
+        if not path.is_dir():
+            raise UsageError(f"{flag} {str(path)!r} is not a directory")
+    topic = topic_records(topic_dir)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[1]").appName("flamestream-audit")
+             .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR").getOrCreate())
+    try:
+        replayed = replay_records(spark, str(replay_dir))
+    finally:
+        spark.stop()
+    result = audit(topic, replayed)
+    print(result.verdict(args.show))
+    return 0 if result.equal else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
