@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from examples import inverted_index  # noqa: E402
 from flamestream import LocalRuntime  # noqa: E402
 from flamestream.front import stamp_inputs  # noqa: E402
-from flamestream.replay import replay  # noqa: E402
+from flamestream.replay import replay, spark_session  # noqa: E402
 
 PAGES = ROOT.parent / "shared" / "data" / "wiki_football_ru.xml"
 
@@ -40,10 +40,7 @@ def main() -> None:
     pages = [corpus[i % len(corpus)] for i in range(args.pages)]
     stamped = stamp_inputs(pages)
     graph = inverted_index.graph()
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").appName("flamestream-bench")
-             .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR").getOrCreate())
+    spark = spark_session("local[2]", "flamestream-bench")
     seconds: dict[str, list[float]] = {"spark_replay_local2": [], "local_runtime_1_worker": []}
     released: dict[str, int] = {}
     try:

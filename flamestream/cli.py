@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from flamestream.input_log import read_input_logs
-    from flamestream.replay import ReplayError, replay, to_parquet
+    from flamestream.replay import ReplayError, replay, spark_session, to_parquet
 
     graph, _module = load_graph(args.graph)
     source = Path(args.input_log)
@@ -188,10 +188,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     stamped = read_input_logs(source)
     if not stamped:
         raise UsageError(f"no input log under {source} (expected front-<id>/ directories, or input/ holding them)")
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(args.master).appName("flamestream-replay")
-             .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR").getOrCreate())
+    spark = spark_session(args.master, "flamestream-replay")
     try:
         released = replay(spark, graph, stamped, partitions=args.partitions)
         to_parquet(spark, released, args.out)
@@ -205,16 +202,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from flamestream.audit import audit, replay_records, topic_records
+    from flamestream.replay import spark_session
 
     topic_dir, replay_dir = Path(args.topic), Path(args.replay)
     for flag, path in (("--topic", topic_dir), ("--replay", replay_dir)):
         if not path.is_dir():
             raise UsageError(f"{flag} {str(path)!r} is not a directory")
     topic = topic_records(topic_dir)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[1]").appName("flamestream-audit")
-             .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR").getOrCreate())
+    spark = spark_session("local[1]", "flamestream-audit")
     try:
         replayed = replay_records(spark, str(replay_dir))
     finally:

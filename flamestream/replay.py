@@ -37,6 +37,14 @@ class ReplayError(ValueError):
     """The graph cannot run as batch stages; the message names the edge."""
 
 
+def spark_session(master: str, app: str) -> Any:
+    """A SparkSession the way flamestream runs its jobs: UI off, only errors logged."""
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master(master).appName(app)
+            .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR").getOrCreate())
+
+
 def grouping_order(plan: Plan) -> list[int]:
     """Groupings in the order their stages must run (each after every grouping that feeds it)."""
     groupings = [op for op, kind in enumerate(plan.kinds) if kind == GROUPING]

@@ -20,7 +20,7 @@ from flamestream.input_log import encode_record, front_log_dir
 from flamestream.log import SegmentedLog
 from flamestream.meta import GlobalTime
 from flamestream.plan import compile_graph
-from flamestream.replay import ReplayError, grouping_order, replay
+from flamestream.replay import ReplayError, grouping_order, replay, spark_session
 from tests import randomgraph
 from tests.randomgraph import Stage
 
@@ -31,10 +31,7 @@ PAGES = ROOT.parent / "shared" / "data" / "wiki_football_ru.xml"
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("flamestream-tests")
-               .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR").getOrCreate())
+    session = spark_session("local[2]", "flamestream-tests")
     try:
         yield session
     finally:
