@@ -28,12 +28,9 @@ def topic_records(data_dir: Path) -> list[Record]:
     for partition in sorted(p for p in base.iterdir() if p.is_dir() and p.name.isdigit()):
         log = SegmentedLog(partition, readonly=True)
         try:
-            offset = 0
-            while batch := log.read(offset, 10_000):
-                for offset, data in batch:  # noqa: B007 - the last offset read moves the cursor on
-                    record = pb.Record.FromString(data)
-                    records.append((GlobalTime(record.time.ts, record.time.front), decode_payload(record.payload)))
-                offset += 1
+            for _, data in log.scan():
+                record = pb.Record.FromString(data)
+                records.append((GlobalTime(record.time.ts, record.time.front), decode_payload(record.payload)))
         finally:
             log.close()
     return records

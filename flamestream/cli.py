@@ -148,6 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     replay.add_argument("--partitions", type=positive, default=4, help="partitions per stage (default 4)")
 
+    sink = sub.add_parser("sink", help="land the output topic in a table with Spark Structured Streaming")
+    sink.set_defaults(handler=cmd_sink)
+    sink.add_argument("format", choices=["parquet"], help="table format")
+    sink.add_argument("--topic", default=".flamestream", help="the cluster's data dir (default .flamestream)")
+    sink.add_argument("--out", required=True, help="Parquet directory")
+    sink.add_argument("--checkpoint", help="Spark checkpoint directory (default: OUT/_checkpoint)")
+    sink.add_argument("--once", action="store_true", help="land what the topic holds now, then stop")
+    sink.add_argument("--max-records-per-trigger", type=positive, help="bound each micro-batch")
+    sink.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+
     audit = sub.add_parser("audit", help="compare the output topic with a batch replay (exit 1 when they differ)")
     audit.set_defaults(handler=cmd_audit)
     audit.add_argument("--topic", required=True, help="the cluster's data dir (or its topic/ dir)")
@@ -197,6 +207,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     print(f"flamestream: replayed {len(stamped)} events -> {len(released)} records in {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_sink(args: argparse.Namespace) -> int:
+    from flamestream.replay import spark_session
+    from flamestream.spark_source import start_parquet_sink
+
+    if not Path(args.topic).is_dir():
+        raise UsageError(f"--topic {args.topic!r} is not a directory")
+    checkpoint = args.checkpoint or str(Path(args.out) / "_checkpoint")
+    spark = spark_session(args.master, "flamestream-sink")
+    try:
+        query = start_parquet_sink(spark, args.topic, args.out, checkpoint, available_now=args.once,
+                                   max_records=args.max_records_per_trigger)
+        print(f"flamestream: landing {args.topic} in {args.out} (checkpoint {checkpoint})", file=sys.stderr)
+        query.awaitTermination()
+    finally:
+        spark.stop()
     return 0
 
 

@@ -37,12 +37,9 @@ def read_input_log(directory: Path) -> Iterator[Stamped]:
     """Stamped events of one front's input log, in the order they were admitted."""
     log = SegmentedLog(directory, readonly=True)
     try:
-        offset = 0
-        while batch := log.read(offset, 1000):
-            for offset, data in batch:  # noqa: B007 - the last offset read moves the cursor on
-                r = decode_record(data)
-                yield r["front"], GlobalTime(r["ts"], r["front"]), (r["seq"],), r["payload"]
-            offset += 1
+        for _, data in log.scan():
+            r = decode_record(data)
+            yield r["front"], GlobalTime(r["ts"], r["front"]), (r["seq"],), r["payload"]
     finally:
         log.close()
 

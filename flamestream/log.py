@@ -53,7 +53,7 @@ import os
 import struct
 import zlib
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 _HEADER = struct.Struct("<II")
@@ -301,6 +301,17 @@ class SegmentedLog:
         if self.readonly:
             self._refresh()
         return self._end
+
+    def scan(self, start: int = 0, stop: int | None = None, chunk: int = 10_000) -> Iterator[tuple[int, bytes]]:
+        """Records [start, stop) (stop: the end when the scan began), read ``chunk`` at a time."""
+        end = self.end_offset if stop is None else stop
+        offset = start
+        while offset < end:
+            batch = self.read(offset, min(chunk, end - offset))
+            if not batch:
+                raise LogError(f"{self.directory}: records {offset}..{end} are not published")
+            yield from batch
+            offset = batch[-1][0] + 1
 
     def read(self, from_offset: int, max_records: int = 1000) -> list[tuple[int, bytes]]:
         """Up to ``max_records`` published records from ``from_offset`` on, as (offset, payload) pairs."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,15 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def cluster_name() -> str:
     """A fresh cluster name, so tests sharing the ZooKeeper never see each other's ticks or members."""
     return f"test{next(_clusters)}"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] SparkSession for every Spark test: start-up costs seconds."""
+    from flamestream.replay import spark_session
+
+    session = spark_session("local[2]", "flamestream-tests")
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -396,3 +396,12 @@ def test_any_operation_sequence_reads_back_in_order(
         finally:
             log.close()
             reader.close()
+
+
+def test_scan_reads_a_range_across_segments_in_chunks(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path / "log", segment_bytes=64) as log:
+        log.append_many([bytes([i]) * 10 for i in range(50)])
+        assert [offset for offset, _ in log.scan()] == list(range(50))
+        assert list(log.scan(7, 23, chunk=4)) == [(i, bytes([i]) * 10) for i in range(7, 23)]
+        with pytest.raises(LogError, match="not published"):
+            list(log.scan(45, 51))

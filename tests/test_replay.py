@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +19,13 @@ from flamestream.input_log import encode_record, front_log_dir
 from flamestream.log import SegmentedLog
 from flamestream.meta import GlobalTime
 from flamestream.plan import compile_graph
-from flamestream.replay import ReplayError, grouping_order, replay, spark_session
+from flamestream.replay import ReplayError, grouping_order, replay
 from tests import randomgraph
 from tests.randomgraph import Stage
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ROOT.parent / "shared" / "data" / "wiki_football_ru.xml"
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "flamestream-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def multiset(pairs: list[tuple[Any, Any]]) -> Counter[tuple[Any, str]]:
