@@ -16,14 +16,16 @@ import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
 import uvloop
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from flamestream.cluster import ClusterStore
 from flamestream.tick import Tick
+from flamestream.wire import flamestream_pb2 as pb
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -93,6 +95,66 @@ class Host:
         await self.server.stop(grace=1.0)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.store.stop)
+
+
+EXCHANGE = "/flamestream.Worker/Exchange"
+DELIVER = "/flamestream.Barrier/Deliver"
+ACK = "/flamestream.Acker/Ack"
+"""Method paths of the client-streaming calls between cluster members."""
+
+CLOSE_TIMEOUT = 2.0
+"""Seconds a closing stream waits for its receiver to confirm the end, so shutdown cannot hang on a dead peer."""
+
+_M = TypeVar("_M", bound=Message)
+
+
+class StreamBroken(Exception):
+    """A long-lived call failed; how much of what it carried arrived is unknown."""
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+class ClientStream(Generic[_M]):
+    """One long-lived client-streaming call (``Worker.Exchange``, ``Barrier.Deliver``, ``Acker.Ack``): FIFO.
+
+    Opened on the first write, so the ticks a restarting process replays from
+    ZooKeeper cost no connections to the processes of superseded deployments.
+    Never reopened: messages after a lost one may be lost too, so a broken
+    stream is reported (``StreamBroken``) rather than silently replaced.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, method: str, label: str) -> None:
+        self.label = label
+        self._open: grpc.aio.StreamUnaryMultiCallable[_M, Message] = channel.stream_unary(
+            method, request_serializer=_serialize, response_deserializer=pb.Empty.FromString)
+        self._call: grpc.aio.StreamUnaryCall[_M, Message] | None = None
+
+    async def write(self, message: _M) -> None:
+        call = self._call
+        if call is None:
+            call = self._call = self._open()
+        try:
+            await call.write(message)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            raise StreamBroken(f"stream to {self.label} broke ({describe(exc)})") from exc
+
+    async def close(self) -> None:
+        """Half-close and wait for the receiver's reply, so it sees a clean end of the stream."""
+        call, self._call = self._call, None
+        if call is None:
+            return
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await call.done_writing()
+                await call
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import grpc
-from google.protobuf.message import Message
 
 from flamestream import codec, hosting
 from flamestream.front import FrontClock
@@ -31,64 +29,10 @@ from fronts.producers import ProducerTable
 
 ROLE = "front"
 NO_GRAPH = "no graph deployed; run `flamestream deploy`"
-EXCHANGE = "/flamestream.Worker/Exchange"
-ACK = "/flamestream.Acker/Ack"
-CLOSE_TIMEOUT = 2.0
-"""Seconds a closing stream waits for its receiver to confirm the end, so shutdown cannot hang on a dead peer."""
-
-_M = TypeVar("_M", bound=Message)
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
-    return str(exc) or type(exc).__name__
-
-
-class StreamBroken(Exception):
-    """A long-lived call failed; how much of what it carried arrived is unknown."""
-
-
-class _Stream(Generic[_M]):
-    """One long-lived client-streaming call (``Worker.Exchange`` or ``Acker.Ack``).
-
-    Opened on the first write, so the ticks a restarting front replays from
-    ZooKeeper cost no connections to the processes of superseded deployments.
-    Never reopened: see the package docstring.
-    """
-
-    def __init__(self, channel: grpc.aio.Channel, method: str, label: str) -> None:
-        self.label = label
-        self._open: grpc.aio.StreamUnaryMultiCallable[_M, pb.Empty] = channel.stream_unary(
-            method, request_serializer=_serialize, response_deserializer=pb.Empty.FromString)
-        self._call: grpc.aio.StreamUnaryCall[_M, pb.Empty] | None = None
-
-    async def write(self, message: _M) -> None:
-        call = self._call
-        if call is None:
-            call = self._call = self._open()
-        try:
-            await call.write(message)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            raise StreamBroken(f"stream to {self.label} broke ({_describe(exc)})") from exc
-
-    async def close(self) -> None:
-        """Half-close and wait for the receiver's reply, so it sees a clean end of the stream."""
-        call, self._call = self._call, None
-        if call is None:
-            return
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await call.done_writing()
-                await call
 
 
 class _Route:
@@ -101,9 +45,10 @@ class _Route:
         self.broken: str | None = None
         """Why pushes are refused until the next tick, once a stream has broken."""
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.workers = [_Stream[pb.ItemBatch](self._channel(address), EXCHANGE, f"worker {i} at {address}")
+        self.workers = [hosting.ClientStream[pb.ItemBatch](self._channel(address), hosting.EXCHANGE,
+                                                           f"worker {i} at {address}")
                         for i, address in enumerate(tick.workers)]
-        self.acker = _Stream[pb.AckBatch](self._channel(tick.acker), ACK, f"acker at {tick.acker}")
+        self.acker = hosting.ClientStream[pb.AckBatch](self._channel(tick.acker), hosting.ACK, f"acker at {tick.acker}")
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
@@ -238,7 +183,7 @@ class FrontService(rpc.FrontServicer):
         if old is not None:
             await old.close()
 
-    def _break(self, route: _Route, exc: StreamBroken) -> None:
+    def _break(self, route: _Route, exc: hosting.StreamBroken) -> None:
         if route.broken is None:
             route.broken = f"{exc}; waiting for a new tick"
             print(f"front {self.front_id}: {route.broken}", file=sys.stderr, flush=True)
@@ -394,7 +339,7 @@ class FrontService(rpc.FrontServicer):
     async def _to_acker(self, route: _Route, acks: dict[GlobalTime, int]) -> None:
         try:
             await route.acker.write(pb.AckBatch(acks=codec.ack_messages(acks)))
-        except StreamBroken as exc:
+        except hosting.StreamBroken as exc:
             self._break(route, exc)
             raise _Rejected(grpc.StatusCode.UNAVAILABLE, str(route.broken)) from None
 
@@ -404,7 +349,7 @@ class FrontService(rpc.FrontServicer):
         for worker, batch in sends:
             try:
                 await route.workers[worker].write(batch)
-            except StreamBroken as exc:
+            except hosting.StreamBroken as exc:
                 self._break(route, exc)
 
     def _commit(self, admitted: list[_Fresh]) -> None:
@@ -430,7 +375,7 @@ class FrontService(rpc.FrontServicer):
                     await asyncio.to_thread(_write_promise, self._promise_file, self._promised)
                 try:
                     await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
-                except StreamBroken as exc:
+                except hosting.StreamBroken as exc:
                     self._break(route, exc)
 
     # -- shutdown ----------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import traceback
 from collections.abc import Callable
@@ -36,11 +35,11 @@ def _item_time(item: Item) -> GlobalTime:
 
 
 class Streams:
-    """Long-lived client-streaming calls, one per (address, method): FIFO per channel, opened on first use."""
+    """The worker's long-lived outgoing streams, one per (address, method): FIFO per channel, opened on first use."""
 
     def __init__(self) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._calls: dict[tuple[str, str], Any] = {}
+        self._streams: dict[tuple[str, str], hosting.ClientStream[Any]] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
@@ -48,22 +47,18 @@ class Streams:
         return self._channels[address]
 
     async def write(self, address: str, method: str, message: Any) -> None:
-        call = self._calls.get((address, method))
-        if call is None:
-            stub: Any = rpc.WorkerStub(self.channel(address)) if method == "Exchange" else (
-                rpc.BarrierStub(self.channel(address)) if method == "Deliver" else rpc.AckerStub(self.channel(address)))
-            call = self._calls[(address, method)] = getattr(stub, method)()
-        await call.write(message)
+        stream = self._streams.get((address, method))
+        if stream is None:
+            stream = self._streams[(address, method)] = hosting.ClientStream(self.channel(address), method, address)
+        await stream.write(message)
 
     async def close(self) -> None:
         """Half-close every stream and wait (bounded) for its reply, so nothing written is cancelled in flight."""
-        for call in self._calls.values():
-            with contextlib.suppress(Exception):
-                await call.done_writing()
-                await asyncio.wait_for(call, timeout=5)
+        for stream in self._streams.values():
+            await stream.close()
         for ch in self._channels.values():
             await ch.close()
-        self._calls.clear()
+        self._streams.clear()
         self._channels.clear()
 
 
@@ -134,13 +129,13 @@ class WorkerService(rpc.WorkerServicer):
             envelopes.sort(key=_envelope_meta)
         remote, to_barrier = core.process(envelopes)
         for worker, outs in remote.items():
-            await self._send(tick.workers[worker], "Exchange", outs, _envelope_time, acks)
+            await self._send(tick.workers[worker], hosting.EXCHANGE, outs, _envelope_time, acks)
         by_barrier: dict[str, list[Item]] = {}
         for item in to_barrier:
             by_barrier.setdefault(tick.barrier_of(item[1].front), []).append(item)
         for address, items in by_barrier.items():
-            await self._send(address, "Deliver", items, _item_time, acks)
-        await self.streams.write(tick.acker, "Ack", pb.AckBatch(acks=codec.ack_messages(acks)))
+            await self._send(address, hosting.DELIVER, items, _item_time, acks)
+        await self.streams.write(tick.acker, hosting.ACK, pb.AckBatch(acks=codec.ack_messages(acks)))
 
     async def _send(self, address: str, method: str, entries: list[Any], gt_of: Callable[[Any], GlobalTime],
                     acks: dict[GlobalTime, int]) -> None:
