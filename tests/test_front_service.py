@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
 import select
 import signal
 import subprocess
@@ -138,11 +137,11 @@ async def stand_ins() -> AsyncIterator[StandIns]:
 
 class FrontProcess:
     def __init__(self, zookeeper: str, cluster: str, data_dir: Path, *extra: str,
-                 preexec_fn: Callable[[], None] | None = None) -> None:
+                 file_size_limit: int | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fronts", "--zookeeper", zookeeper, "--cluster", cluster, "--id", str(FRONT),
+            [*_front_command(file_size_limit), "--zookeeper", zookeeper, "--cluster", cluster, "--id", str(FRONT),
              "--data-dir", str(data_dir), *extra],
-            cwd=REPO, stdout=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+            cwd=REPO, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], WAIT)
         line = self.proc.stdout.readline() if ready else ""
@@ -168,9 +167,10 @@ class FrontProcess:
 
 @asynccontextmanager
 async def front(zookeeper: str, cluster: str, data_dir: Path, *extra: str,
-                preexec_fn: Callable[[], None] | None = None) -> AsyncIterator[tuple[FrontProcess, Any]]:
+                file_size_limit: int | None = None) -> AsyncIterator[tuple[FrontProcess, Any]]:
     """A running front and a Front stub connected to it; on exit the front must stop with exit code 0."""
-    process = await asyncio.to_thread(FrontProcess, zookeeper, cluster, data_dir, *extra, preexec_fn=preexec_fn)
+    process = await asyncio.to_thread(FrontProcess, zookeeper, cluster, data_dir, *extra,
+                                      file_size_limit=file_size_limit)
     channel = grpc.aio.insecure_channel(process.address)
     try:
         yield process, rpc.FrontStub(channel)
@@ -416,9 +416,18 @@ def test_a_restarted_front_keeps_the_promises_it_reported(
     asyncio.run(scenario())
 
 
-def _limit_file_size() -> None:
-    """Runs in the front's process before exec: files cannot grow past 2 KiB, so the input log fills up."""
-    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+def _front_command(file_size_limit: int | None) -> list[str]:
+    """``python -m fronts``, optionally with files capped at ``file_size_limit`` bytes (so the input log fills up).
+
+    The limit is set by the child's own interpreter: a ``preexec_fn`` would run
+    Python in a fork of this gRPC-threaded process, which gRPC does not survive
+    reliably.
+    """
+    if file_size_limit is None:
+        return [sys.executable, "-m", "fronts"]
+    return [sys.executable, "-c", "import resource, runpy, sys; "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit})); "
+            "sys.argv[0] = 'fronts'; runpy.run_module('fronts', run_name='__main__', alter_sys=True)"]
 
 
 @slow
@@ -427,7 +436,7 @@ def test_a_failed_log_write_admits_exactly_what_reached_the_log(
     async def scenario() -> None:
         async with stand_ins() as cluster:
             await publish(zookeeper, cluster_name, cluster.tick(wordcount.graph().to_dict(), 0))
-            async with front(zookeeper, cluster_name, tmp_path, preexec_fn=_limit_file_size) as (_, stub):
+            async with front(zookeeper, cluster_name, tmp_path, file_size_limit=2048) as (_, stub):
                 events = [event(f"event {i:02d} " + "x" * 60, "p", i) for i in range(40)]
                 error = await rejected(push_once_deployed(stub, events))
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
