@@ -18,3 +18,21 @@ Item = tuple[Any, GlobalTime, Trace, bool]
 
 Envelope = tuple[int, int | None, Item]
 """(destination operation index, its balancing hash if computed, item)."""
+
+
+def item_time(item: Item) -> GlobalTime:
+    return item[1]
+
+
+def item_meta(item: Item) -> tuple[GlobalTime, Trace]:
+    """Sort key: the model's total order."""
+    return item[1], item[2]
+
+
+def envelope_time(env: Envelope) -> GlobalTime:
+    return env[2][1]
+
+
+def envelope_meta(env: Envelope) -> tuple[GlobalTime, Trace]:
+    """Sort key of an envelope: its item's meta."""
+    return env[2][1], env[2][2]

@@ -24,6 +24,7 @@ from flamestream.acker import AckTable
 from flamestream.barrier import BarrierBuffer, Released
 from flamestream.front import Stamped, stamp_inputs
 from flamestream.graph import Graph
+from flamestream.item import envelope_meta, envelope_time, item_meta, item_time
 from flamestream.meta import MAX_TIME, GlobalTime
 from flamestream.plan import compile_graph
 from flamestream.tick import Layout
@@ -32,13 +33,6 @@ from flamestream.worker import Worker
 Channel = tuple[str, int, int]
 """("front", front, worker) | ("worker", src, dst) | ("barrier", worker, 0)."""
 
-
-def _meta_of_item(item: Any) -> tuple[GlobalTime, Any]:
-    return item[1], item[2]
-
-
-def _meta_of_envelope(env: Any) -> tuple[GlobalTime, Any]:
-    return env[2][1], env[2][2]
 Batch = tuple[list[Any], dict[GlobalTime, int]]
 """(envelopes or items, ack value per global time in the batch)."""
 
@@ -108,17 +102,11 @@ class LocalRuntime:
                 speed[channel] = 10 ** rng.uniform(-3, 0) if self.adversarial else 1.0
             channels[channel].append((entries, acks))
 
-        def env_gt(env: Any) -> GlobalTime:
-            return env[2][1]  # type: ignore[no-any-return]
-
-        def item_gt(item: Any) -> GlobalTime:
-            return item[1]  # type: ignore[no-any-return]
-
         def deliver(worker: int, remote: dict[int, list[Any]], to_barrier: list[Any]) -> None:
             for dst, envs in remote.items():
-                send(("worker", worker, dst), envs, env_gt)
+                send(("worker", worker, dst), envs, envelope_time)
             if to_barrier:
-                send(("barrier", worker, 0), to_barrier, item_gt)
+                send(("barrier", worker, 0), to_barrier, item_time)
 
         released_to = acker.min_time()
         fronts_left = [f for f in range(self.fronts) if pending[f]]
@@ -149,7 +137,7 @@ class LocalRuntime:
                         continue
                     per_worker.setdefault(owner(h), []).append((entry, h, (payload, gt, trace, False)))
                 for w, envs in per_worker.items():
-                    send(("front", front, w), envs, env_gt)
+                    send(("front", front, w), envs, envelope_time)
                 if queue:
                     acker.report(front, queue[0][1].ts)
                 else:
@@ -165,7 +153,7 @@ class LocalRuntime:
                 batches = [channels[c].popleft() for c in taken]
                 entries = [e for batch, _ in batches for e in batch]
                 if len(batches) > 1:
-                    entries.sort(key=_meta_of_item if choice < 0 else _meta_of_envelope)
+                    entries.sort(key=item_meta if choice < 0 else envelope_meta)
                 if choice < 0:
                     for item in entries:
                         barrier.insert(item)

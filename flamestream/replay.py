@@ -24,7 +24,7 @@ from typing import Any
 from flamestream.barrier import Released
 from flamestream.front import Stamped
 from flamestream.graph import Graph
-from flamestream.item import Envelope
+from flamestream.item import Envelope, envelope_meta
 from flamestream.plan import GROUPING, Plan, compile_graph
 from flamestream.tick import Layout
 from flamestream.worker import Worker
@@ -112,7 +112,7 @@ def stage_partition(graph_json: str, grouping: int, partitions: int, index: int,
     plan = _plan(graph_json)
     cut = frozenset(op for op, kind in enumerate(plan.kinds) if kind == GROUPING and op != grouping)
     worker = Worker(plan, index, Layout.even(partitions), cut)
-    remote, sink = worker.process(sorted(envelopes, key=lambda env: (env[2][1], env[2][2])))
+    remote, sink = worker.process(sorted(envelopes, key=envelope_meta))
     for envs in remote.values():
         for env in envs:
             if env[0] == grouping:

@@ -13,25 +13,13 @@ import grpc
 
 from flamestream import codec, hosting
 from flamestream.graph import Graph
-from flamestream.item import Envelope, Item
+from flamestream.item import Envelope, Item, envelope_meta, envelope_time, item_time
 from flamestream.meta import GlobalTime
 from flamestream.plan import compile_graph
 from flamestream.tick import Tick
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.worker import Worker
-
-
-def _envelope_meta(env: Envelope) -> tuple[GlobalTime, Any]:
-    return env[2][1], env[2][2]
-
-
-def _envelope_time(env: Envelope) -> GlobalTime:
-    return env[2][1]
-
-
-def _item_time(item: Item) -> GlobalTime:
-    return item[1]
 
 
 class Streams:
@@ -126,15 +114,15 @@ class WorkerService(rpc.WorkerServicer):
             envelopes.extend(entries)
             codec.xor_into(acks, received)
         if len(batches) > 1:
-            envelopes.sort(key=_envelope_meta)
+            envelopes.sort(key=envelope_meta)
         remote, to_barrier = core.process(envelopes)
         for worker, outs in remote.items():
-            await self._send(tick.workers[worker], hosting.EXCHANGE, outs, _envelope_time, acks)
+            await self._send(tick.workers[worker], hosting.EXCHANGE, outs, envelope_time, acks)
         by_barrier: dict[str, list[Item]] = {}
         for item in to_barrier:
             by_barrier.setdefault(tick.barrier_of(item[1].front), []).append(item)
         for address, items in by_barrier.items():
-            await self._send(address, hosting.DELIVER, items, _item_time, acks)
+            await self._send(address, hosting.DELIVER, items, item_time, acks)
         await self.streams.write(tick.acker, hosting.ACK, pb.AckBatch(acks=codec.ack_messages(acks)))
 
     async def _send(self, address: str, method: str, entries: list[Any], gt_of: Callable[[Any], GlobalTime],
