@@ -24,11 +24,11 @@ from flamestream.acker import AckTable
 from flamestream.barrier import BarrierBuffer, Released
 from flamestream.front import Stamped, stamp_inputs
 from flamestream.graph import Graph
-from flamestream.item import envelope_meta, envelope_time, item_meta, item_time
+from flamestream.item import Item, envelope_meta, envelope_time, item_meta, item_time
 from flamestream.meta import MAX_TIME, GlobalTime
 from flamestream.plan import compile_graph
 from flamestream.tick import Layout
-from flamestream.worker import Worker
+from flamestream.worker import Worker, front_envelopes
 
 Channel = tuple[str, int, int]
 """("front", front, worker) | ("worker", src, dst) | ("barrier", worker, 0)."""
@@ -113,7 +113,7 @@ class LocalRuntime:
         for f in range(self.fronts):
             if not pending[f]:
                 acker.report(f, MAX_TIME.ts)
-        entry, entry_balance, owner = self.plan.entry, self.plan.entry_balance, self.layout.owner
+        entry_balance = self.plan.entry_balance
         while True:
             inbound: dict[int, list[Channel]] = {}
             for c, q in channels.items():
@@ -127,16 +127,14 @@ class LocalRuntime:
             if isinstance(choice, tuple):
                 front = choice[1]
                 queue = pending[front]
-                per_worker: dict[int, list[Any]] = {}
+                inputs: list[tuple[int, Item]] = []
                 for _ in range(min(len(queue), rng.randint(1, self.batch))):
                     _f, gt, trace, payload = queue.popleft()
                     try:
-                        h = entry_balance(payload)
+                        inputs.append((entry_balance(payload), (payload, gt, trace, False)))
                     except Exception:
                         result.rejected.append(payload)
-                        continue
-                    per_worker.setdefault(owner(h), []).append((entry, h, (payload, gt, trace, False)))
-                for w, envs in per_worker.items():
+                for w, envs in front_envelopes(self.plan, self.layout, inputs).items():
                     send(("front", front, w), envs, envelope_time)
                 if queue:
                     acker.report(front, queue[0][1].ts)

@@ -31,11 +31,28 @@ class Plan:
     """routes[op][output port] = index of the downstream operation."""
     entry: int
     """The operation the source feeds; fronts route by its balancing function."""
+    replicated: bool = False
+    """Every worker runs the stateless prefix over every input, keeping only its own hash range (see worker)."""
 
     @property
     def entry_balance(self) -> Callable[[Any], int]:
         """Fronts must pick a worker, so an unbalanced entry falls back to a stable payload hash."""
         return self.balances[self.entry] or stable_hash
+
+
+def _stateless_prefix(kinds: list[int], balances: list[Any], routes: list[list[int]], entry: int) -> bool:
+    """Whether everything reachable from ``entry`` without a hashed hop is stateless (no unbalanced grouping)."""
+    seen: set[int] = set()
+    frontier = [entry]
+    while frontier:
+        op = frontier.pop()
+        if op in seen or (op != entry and balances[op] is not None):
+            continue
+        seen.add(op)
+        if kinds[op] == GROUPING:
+            return False
+        frontier.extend(routes[op])
+    return True
 
 
 def compile_graph(graph: Graph) -> Plan:
@@ -53,13 +70,18 @@ def compile_graph(graph: Graph) -> Plan:
     def fn(path: str | None) -> Callable[[Any], Any] | None:
         return None if path is None else resolve(path)
 
+    kinds = [_KIND_CODES[op.kind] for op in ops]
+    balances = [fn(op.balance) for op in ops]
     return Plan(
         names=[op.name for op in ops],
-        kinds=[_KIND_CODES[op.kind] for op in ops],
+        kinds=kinds,
         fns=[fn(op.fn) for op in ops],
-        balances=[fn(op.balance) for op in ops],
+        balances=balances,
         equivalences=[fn(op.equivalence) for op in ops],
         windows=[op.window or 0 for op in ops],
         routes=routes,
         entry=entry,
+        # An unbalanced entry has no owner to prefer, and a replicated stateless prefix hands every
+        # grouping one front's items in global-time order: no cross-worker race, so no replays.
+        replicated=balances[entry] is None and _stateless_prefix(kinds, balances, routes, entry),
     )

@@ -7,6 +7,18 @@ local fast path, which also keeps a single worker's processing in meta order so
 it replays nothing.  Everything else comes back in the outbox: envelopes per
 remote worker and items for the barrier.  The imperative shell (local runtime
 or gRPC service) moves them and does the acking.
+
+Replicated entry (``plan.replicated``): when the source feeds a stateless
+prefix, fronts send each input to *every* worker, with the input's entry hash
+as its envelope hash.  Each worker runs the prefix over all inputs and keeps
+only the items bound for its own hash range; the worker owning the entry hash
+also emits what the prefix sends to sinks and its dead letters.  Each item is
+still produced exactly once, with the same trace, but a grouping now receives
+one front's items in global-time order, where before the words of a line split
+on another worker raced the local ones and forced replays (word count under
+load: replay overhead 16 -> 1).  The price is the prefix's CPU on every
+worker.  Inside the prefix, an envelope's hash being set on an unbalanced
+operation is what marks it as such a copy.
 """
 
 from __future__ import annotations
@@ -21,6 +33,24 @@ from flamestream.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, Plan
 from flamestream.tick import Layout
 
 Outbox = tuple[dict[int, list[Envelope]], list[Item]]
+
+
+def front_envelopes(plan: Plan, layout: Layout, inputs: list[tuple[int, Item]]) -> dict[int, list[Envelope]]:
+    """Where a front sends stamped inputs, given as (entry hash, item): envelopes per worker.
+
+    The owner of the entry hash gets each input, or every worker does when the
+    entry is replicated.  The envelope carries the hash only where the entry
+    uses it (balanced, or marking a replicated copy).
+    """
+    entry = plan.entry
+    if plan.replicated:
+        envelopes: list[Envelope] = [(entry, h, item) for h, item in inputs]
+        return {worker: envelopes for worker in range(layout.workers)}
+    per_worker: dict[int, list[Envelope]] = {}
+    keep = plan.balances[entry] is not None
+    for h, item in inputs:
+        per_worker.setdefault(layout.owner(h), []).append((entry, h if keep else None, item))
+    return per_worker
 
 
 class Worker:
@@ -44,10 +74,13 @@ class Worker:
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
         stack = envelopes[::-1]
+        lo, hi = self.lo, self.hi
         while stack:
             op, h, item = stack.pop()
             kind = kinds[op]
             payload, gt, trace, tomb = item
+            copy = h is not None and balances[op] is None  # a replicated-prefix item (see module docstring)
+            emits = not copy or lo <= h <= hi  # type: ignore[operator]
             try:
                 if kind == MAP:
                     fn: Any = fns[op]
@@ -60,29 +93,36 @@ class Worker:
                 elif kind == BROADCAST:
                     targets = [(dst, [(payload, gt, trace + (i,), tomb)]) for i, dst in enumerate(routes[op])]
                 else:
-                    barrier.append(item)
+                    if emits:
+                        barrier.append(item)
                     continue
             except Exception as exc:  # business logic failed: dead letter, never a dead worker
-                barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
+                if emits:
+                    barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
                 continue
             local: list[Envelope] = []
             for dst, outs in targets:
                 if not outs:
                     continue
                 if kinds[dst] == SINK:
-                    barrier.extend(outs)
+                    if emits:
+                        barrier.extend(outs)
                 elif balances[dst] is None:
-                    local.extend([(dst, None, out) for out in outs])
+                    carried = h if copy else None
+                    local.extend([(dst, carried, out) for out in outs])
                 else:
-                    self._route_hashed(dst, outs, local, remote, barrier)
+                    self._route_hashed(dst, outs, local, remote, barrier, copy, emits)
             if local:
                 local.reverse()
                 stack.extend(local)
         return remote, barrier
 
     def _route_hashed(self, dst: int, items: list[Item], local: list[Envelope], remote: dict[int, list[Envelope]],
-                      barrier: list[Item]) -> None:
-        """Route ``items`` bound to ``dst`` by its balancing function: here, to a remote worker, or dead letter."""
+                      barrier: list[Item], copy: bool, emits: bool) -> None:
+        """Route ``items`` bound to ``dst`` by its balancing function: here, to a remote worker, or dead letter.
+
+        A replicated-prefix ``copy`` keeps only what is local: the owner of the rest computes it itself.
+        """
         plan = self.plan
         balance: Any = plan.balances[dst]
         lo, hi = self.lo, self.hi
@@ -90,13 +130,14 @@ class Worker:
             try:
                 h = balance(item[0])
             except Exception as exc:
-                barrier.append((dead_letter(plan.names[dst], exc, item[0]), item[1], item[2], item[3]))
+                if emits:
+                    barrier.append((dead_letter(plan.names[dst], exc, item[0]), item[1], item[2], item[3]))
                 continue
             if self.cut and dst in self.cut:
                 self.cut_off.append((dst, h, item))
             elif lo <= h <= hi:
                 local.append((dst, h, item))
-            else:
+            elif not copy:
                 remote.setdefault(self.layout.owner(h), []).append((dst, h, item))
 
     def on_min_time(self, min_time: GlobalTime) -> None:

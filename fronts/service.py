@@ -18,13 +18,13 @@ from flamestream.front import FrontClock
 from flamestream.graph import Graph
 from flamestream.hashing import INT32_MAX, INT32_MIN
 from flamestream.input_log import decode_record, encode_record, front_log_dir
-from flamestream.item import Envelope
 from flamestream.log import LogError, SegmentedLog
 from flamestream.meta import GlobalTime, Trace
 from flamestream.plan import Plan, compile_graph
 from flamestream.tick import Tick
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
+from flamestream.worker import front_envelopes
 from fronts.producers import ProducerTable
 
 ROLE = "front"
@@ -323,11 +323,8 @@ class FrontService(rpc.FrontServicer):
     def _batches(self, route: _Route, fresh: list[_Fresh]) -> tuple[list[tuple[int, pb.ItemBatch]],
                                                                    dict[GlobalTime, int]]:
         """One batch per destination worker, and the XOR of all their send acks for the acker."""
-        per_worker: dict[int, list[Envelope]] = {}
-        owner, entry = route.tick.layout.owner, route.plan.entry
-        for event in fresh:
-            per_worker.setdefault(owner(event.h), []).append(
-                (entry, event.h, (event.payload, event.gt, event.trace, False)))
+        per_worker = front_envelopes(route.plan, route.tick.layout,
+                                     [(event.h, (event.payload, event.gt, event.trace, False)) for event in fresh])
         sends: list[tuple[int, pb.ItemBatch]] = []
         total: dict[GlobalTime, int] = {}
         for worker, envelopes in per_worker.items():

@@ -33,3 +33,7 @@ class Namespace:
     @staticmethod
     def nested(payload: Any) -> list[Any]:
         return [payload]
+
+
+def split_csv(line: str) -> list[str]:
+    return line.split(",")
