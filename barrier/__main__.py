@@ -28,6 +28,9 @@ def main() -> None:
                         help="comma-separated partitions (front ids) this barrier owns, e.g. 0,1")
     parser.add_argument("--data-dir", type=Path, required=True,
                         help="directory of the durable output topic (DIR/topic/<partition>), kept across restarts")
+    parser.add_argument("--release", choices=("after-min-time", "on-arrival"), default="after-min-time",
+                        help="after-min-time (exactly-once, default) or on-arrival: guarantees off, for benchmarks "
+                             "against peers without exactly-once (no invalidation, no waiting for the acker)")
     args = parser.parse_args()
     hosting.run(functools.partial(serve, args))
 

@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 
 from flamestream import codec, hosting
-from flamestream.barrier import BarrierBuffer, Released
+from flamestream.barrier import ArrivalBuffer, BarrierBuffer, Released
 from flamestream.cluster import ClusterStore
 from flamestream.hosting import Host
 from flamestream.log import LogError, SegmentedLog
@@ -51,13 +51,17 @@ Context = grpc.aio.ServicerContext[Any, Any]
 class _Partition:
     """One owned partition: its invalidation buffer, its topic log and the wake-up of its subscribers."""
 
-    def __init__(self, number: int, directory: Path) -> None:
+    def __init__(self, number: int, directory: Path, on_arrival: bool = False) -> None:
         self.number = number
         self.directory = directory
         self.log = SegmentedLog(directory)
         self.end = self.log.end_offset
         """Offset after the last record appended and fsynced, as known on the event loop."""
-        self.buffer = BarrierBuffer()
+        self._on_arrival = on_arrival
+        self.buffer: BarrierBuffer | ArrivalBuffer = ArrivalBuffer() if on_arrival else BarrierBuffer()
+        self.released = 0
+        self._retired = (0, 0)
+        """(received, retractions) of the buffers earlier ticks dropped."""
         self.appended = asyncio.Event()
         """Set (and replaced by a fresh event) whenever ``end`` grows or the barrier shuts down."""
 
@@ -67,12 +71,22 @@ class _Partition:
         woken, self.appended = self.appended, asyncio.Event()
         woken.set()
 
+    def reset(self) -> None:
+        """A fresh buffer for a new tick; its predecessor's counters stay in the stats."""
+        self._retired = self.stats()[::2]
+        self.buffer = ArrivalBuffer() if self._on_arrival else BarrierBuffer()
+
+    def stats(self) -> tuple[int, int, int]:
+        """(items received, records released, tombstones received) since the barrier started."""
+        return self._retired[0] + self.buffer.received, self.released, self._retired[1] + self.buffer.retractions
+
     async def append(self, released: list[Released]) -> None:
         records = [pb.Record(time=pb.GlobalTime(ts=gt.ts, front=gt.front),
                              payload=codec.encode_payload(payload)).SerializeToString()
                    for gt, _trace, payload in released]
         first = await asyncio.to_thread(self.log.append_many, records)  # fsyncs: keep it off the loop
         self.end = first + len(records)
+        self.released += len(records)
         self.wake()
 
 
@@ -132,8 +146,10 @@ class _AckerLink:
 
 
 class BarrierService(pb_grpc.BarrierServicer):
-    def __init__(self, store: ClusterStore, partitions: dict[int, _Partition]) -> None:
+    def __init__(self, store: ClusterStore, partitions: dict[int, _Partition], on_arrival: bool = False) -> None:
         self._store = store
+        self._on_arrival = on_arrival
+        """Guarantees off: release on arrival, without the min time (see ArrivalBuffer)."""
         self._partitions = partitions
         self._link: _AckerLink | None = None
         self._min_time: GlobalTime | None = None
@@ -153,7 +169,7 @@ class BarrierService(pb_grpc.BarrierServicer):
             return
         # Everything up to the swap happens without yielding, so no Deliver sees a half-applied tick.
         for partition in self._partitions.values():
-            partition.buffer = BarrierBuffer()
+            partition.reset()
         self._min_time = None
         previous, self._link = self._link, _AckerLink(tick.acker, self._advance)
         self._deployed.set()
@@ -193,10 +209,7 @@ class BarrierService(pb_grpc.BarrierServicer):
             if self._stopping:
                 return
             for partition in self._partitions.values():
-                min_time = self._min_time
-                if min_time is None:
-                    break
-                released = partition.buffer.release(min_time)
+                released = partition.buffer.release(self._min_time)
                 if released:
                     await partition.append(released)
 
@@ -226,6 +239,8 @@ class BarrierService(pb_grpc.BarrierServicer):
             messages = codec.ack_messages(acks)
             if messages:
                 link.send(pb.AckBatch(acks=messages))
+            if self._on_arrival:
+                self._min_changed.set()
         return pb.Empty()
 
     def _check_items(self, items: list[Any]) -> str | None:
@@ -295,12 +310,17 @@ class BarrierService(pb_grpc.BarrierServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.Offset(offset=offset or 0)
 
+    async def Stats(self, request: pb.Empty, context: Context) -> pb.BarrierStats:
+        per_partition = [p.stats() for p in self._partitions.values()]
+        received, released, retractions = (sum(column) for column in zip(*per_partition, strict=True))
+        return pb.BarrierStats(received=received, released=released, retractions=retractions)
 
-def _open_partitions(data_dir: Path, numbers: tuple[int, ...]) -> dict[int, _Partition]:
+
+def _open_partitions(data_dir: Path, numbers: tuple[int, ...], on_arrival: bool) -> dict[int, _Partition]:
     partitions: dict[int, _Partition] = {}
     try:
         for number in numbers:
-            partitions[number] = _Partition(number, data_dir / "topic" / str(number))
+            partitions[number] = _Partition(number, data_dir / "topic" / str(number), on_arrival)
     except (LogError, OSError) as exc:
         for partition in partitions.values():
             partition.log.close()
@@ -315,10 +335,11 @@ async def _follow_ticks(host: Host, service: BarrierService) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     """Run the barrier until SIGTERM/SIGINT (or until its topic cannot be written, which is fatal)."""
-    partitions = _open_partitions(args.data_dir, args.partitions)
+    on_arrival = args.release == "on-arrival"
+    partitions = _open_partitions(args.data_dir, args.partitions, on_arrival)
     try:
         host = Host("barrier", args)
-        service = BarrierService(host.store, partitions)
+        service = BarrierService(host.store, partitions, on_arrival)
         await host.start(lambda server: pb_grpc.add_BarrierServicer_to_server(service, server),
                          info={"partitions": sorted(partitions)})
         follower = asyncio.create_task(_follow_ticks(host, service))

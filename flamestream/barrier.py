@@ -91,11 +91,11 @@ class BarrierBuffer:
                 seen[1].append(trace)
         items[trace] = payload
 
-    def release(self, min_time: GlobalTime) -> list[Released]:
-        """Pop every item with global time below ``min_time``, in meta order."""
+    def release(self, min_time: GlobalTime | None) -> list[Released]:
+        """Pop every item with global time below ``min_time`` (None: no min time known yet), in meta order."""
         out: list[Released] = []
         heap = self._heap
-        while heap and heap[0] < min_time:
+        while heap and min_time is not None and heap[0] < min_time:
             gt = heapq.heappop(heap)
             items = self._slots.pop(gt).items
             out.extend((gt, trace, items[trace]) for trace in sorted(items))
@@ -106,3 +106,34 @@ class BarrierBuffer:
 
 
 _ABSENT = object()
+
+
+class ArrivalBuffer:
+    """Guarantees off: every item is released on arrival, tombstones are dropped.
+
+    For benchmarking against peers that promise nothing: no waiting for the
+    acker's min time and no invalidation, so an item a replay invalidates is
+    released anyway (output may hold stale versions: at-least-once, not
+    deterministic).  Same interface as :class:`BarrierBuffer`.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[Released] = []
+        self.received = 0
+        self.retractions = 0
+
+    def insert(self, item: Item) -> None:
+        payload, gt, trace, tombstone = item
+        if tombstone:
+            self.retractions += 1
+            return
+        self.received += 1
+        self._items.append((gt, trace, payload))
+
+    def release(self, min_time: GlobalTime | None) -> list[Released]:
+        """Everything that arrived, whatever ``min_time`` says."""
+        out, self._items = self._items, []
+        return out
+
+    def __len__(self) -> int:
+        return len(self._items)

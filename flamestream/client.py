@@ -103,6 +103,20 @@ class Record:
     payload: Any
 
 
+@dataclass(frozen=True)
+class BarrierStats:
+    received: int
+    """Items that reached the barriers (replays included)."""
+    released: int
+    """Records appended to the output topic."""
+    retractions: int
+    """Tombstones that reached the barriers."""
+
+    @property
+    def replay_overhead(self) -> float | None:
+        return self.received / self.released if self.released else None
+
+
 class _Unresolved(ClientError):
     """No member serves what is needed right now; retried, since a restarting member re-registers soon."""
 
@@ -351,6 +365,22 @@ class AsyncClient:
                                                   response_deserializer=pb.PushResponse.FromString)
         return await call(request, timeout=self.rpc_timeout)
 
+    async def barrier_stats(self) -> BarrierStats:
+        """Counters of every barrier since it started, summed: replay overhead = received / released."""
+        total = BarrierStats(0, 0, 0)
+        for address in sorted(set((await self._barriers()).values())):
+
+            async def attempt(address: str = address) -> pb.BarrierStats:
+                call = self._channel(address).unary_unary(
+                    _method("Barrier", "Stats"), request_serializer=pb.Empty.SerializeToString,
+                    response_deserializer=pb.BarrierStats.FromString)
+                return await call(pb.Empty(), timeout=self.rpc_timeout)
+
+            stats = await self._retry(f"reading the stats of barrier {address}", attempt)
+            total = BarrierStats(total.received + stats.received, total.released + stats.released,
+                                 total.retractions + stats.retractions)
+        return total
+
     # -- consume -------------------------------------------------------------------------------------------
 
     async def committed(self, group: str, partition: int) -> int:
@@ -548,6 +578,9 @@ class Client:
 
     def committed(self, group: str, partition: int) -> int:
         return self._run(self._client.committed(group, partition))
+
+    def barrier_stats(self) -> BarrierStats:
+        return self._run(self._client.barrier_stats())
 
     def commit(self, record: Record, group: str | None = None) -> None:
         self._run(self._client.commit(record, group))

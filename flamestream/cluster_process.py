@@ -78,12 +78,13 @@ def member_name(role: str, index: int) -> str:
 
 
 def service_args(role: str, index: int, *, zookeeper: str, cluster: str, data_dir: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0) -> list[str]:
+                 host: str = "127.0.0.1", port: int = 0, exactly_once: bool = True) -> list[str]:
     """Interpreter arguments (after ``python``) that run one service process.
 
     ``index`` is the worker index or the front id; a barrier with index ``f``
     owns partition ``f``, the output of front ``f``.  ``data_dir`` is where
     fronts and barriers keep their durable logs (ignored for other roles).
+    ``exactly_once=False`` makes barriers release on arrival (guarantees off).
     """
     if role not in MODULES:
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(SERVICE_ROLES)}")
@@ -95,6 +96,8 @@ def service_args(role: str, index: int, *, zookeeper: str, cluster: str, data_di
         if data_dir is None:
             raise ValueError(f"a {role} needs a data directory")
         args += ["--id" if role == FRONT else "--partitions", str(index), "--data-dir", data_dir]
+    if role == BARRIER and not exactly_once:
+        args += ["--release", "on-arrival"]
     return args
 
 
@@ -330,6 +333,8 @@ class UpOptions:
     zookeeper: str | None = None
     cluster: str = "default"
     timeout: float = DEFAULT_TIMEOUT
+    exactly_once: bool = True
+    """False: barriers release on arrival (guarantees off, for benchmarks against peers without them)."""
 
 
 class _Launcher:
@@ -395,7 +400,8 @@ class _Launcher:
         # where replay and the oracle checks find every front's input.
         for role, index in planned_services(self.options.workers, self.options.fronts):
             self.spawn(role, member_name(role, index), service_args(
-                role, index, zookeeper=self.state.zookeeper, cluster=self.state.cluster, data_dir=str(self.data_dir)))
+                role, index, zookeeper=self.state.zookeeper, cluster=self.state.cluster, data_dir=str(self.data_dir),
+                exactly_once=self.options.exactly_once))
 
     def wait_registered(self, store: ClusterStore, deadline: float) -> None:
         """Block until every service is a ZooKeeper member; record the addresses they registered."""

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flamestream.barrier import BarrierBuffer
+from flamestream.barrier import ArrivalBuffer, BarrierBuffer
 from flamestream.meta import CHILD_BITS, MAX_TIME, GlobalTime, Meta, Trace, invalidates
 
 G1 = GlobalTime(1, 0)
@@ -309,3 +309,21 @@ def test_version_below_a_retracted_higher_version_is_still_stale() -> None:
     put(buf, "new", G1, (0, mark(2)), tombstone=True)
     put(buf, "old", G1, (0, mark(1)))
     assert drain(buf) == []
+
+
+def test_arrival_buffer_releases_everything_at_once_and_drops_tombstones() -> None:
+    """Guarantees off: no min time, no invalidation — a stale version is released too."""
+    buffer = ArrivalBuffer()
+    gt = GlobalTime(5, 0)
+    buffer.insert(("old", gt, (0, 1 << 32), False))
+    buffer.insert(("new", gt, (0, 2 << 32), False))
+    buffer.insert(("old", gt, (0, 1 << 32), True))
+    assert buffer.release(None) == [(gt, (0, 1 << 32), "old"), (gt, (0, 2 << 32), "new")]
+    assert (buffer.received, buffer.retractions, len(buffer)) == (2, 1, 0)
+
+
+def test_barrier_buffer_releases_nothing_before_a_min_time_is_known() -> None:
+    buffer = BarrierBuffer()
+    buffer.insert(("x", GlobalTime(1, 0), (0,), False))
+    assert buffer.release(None) == []
+    assert len(buffer.release(GlobalTime(2, 0))) == 1

@@ -127,3 +127,13 @@ class Offset(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     offset: int
     def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
+class BarrierStats(_message.Message):
+    __slots__ = ("received", "released", "retractions")
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    RETRACTIONS_FIELD_NUMBER: _ClassVar[int]
+    received: int
+    released: int
+    retractions: int
+    def __init__(self, received: _Optional[int] = ..., released: _Optional[int] = ..., retractions: _Optional[int] = ...) -> None: ...

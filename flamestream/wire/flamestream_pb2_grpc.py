@@ -317,6 +317,11 @@ class BarrierStub:
                 request_serializer=flamestream_dot_wire_dot_flamestream__pb2.CommittedRequest.SerializeToString,
                 response_deserializer=flamestream_dot_wire_dot_flamestream__pb2.Offset.FromString,
                 _registered_method=True)
+        self.Stats = channel.unary_unary(
+                '/flamestream.Barrier/Stats',
+                request_serializer=flamestream_dot_wire_dot_flamestream__pb2.Empty.SerializeToString,
+                response_deserializer=flamestream_dot_wire_dot_flamestream__pb2.BarrierStats.FromString,
+                _registered_method=True)
 
 
 class BarrierServicer:
@@ -348,6 +353,13 @@ class BarrierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stats(self, request, context):
+        """Counters since the barrier started, for the replay overhead (received / released).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BarrierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -370,6 +382,11 @@ def add_BarrierServicer_to_server(servicer, server):
                     servicer.Committed,
                     request_deserializer=flamestream_dot_wire_dot_flamestream__pb2.CommittedRequest.FromString,
                     response_serializer=flamestream_dot_wire_dot_flamestream__pb2.Offset.SerializeToString,
+            ),
+            'Stats': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stats,
+                    request_deserializer=flamestream_dot_wire_dot_flamestream__pb2.Empty.FromString,
+                    response_serializer=flamestream_dot_wire_dot_flamestream__pb2.BarrierStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -480,6 +497,33 @@ class Barrier:
             '/flamestream.Barrier/Committed',
             flamestream_dot_wire_dot_flamestream__pb2.CommittedRequest.SerializeToString,
             flamestream_dot_wire_dot_flamestream__pb2.Offset.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flamestream.Barrier/Stats',
+            flamestream_dot_wire_dot_flamestream__pb2.Empty.SerializeToString,
+            flamestream_dot_wire_dot_flamestream__pb2.BarrierStats.FromString,
             options,
             channel_credentials,
             insecure,
