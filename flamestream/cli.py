@@ -56,14 +56,22 @@ class NotRunning(Exception):
     """There is no running cluster to talk to (exit code 1)."""
 
 
-def seconds(text: str) -> float:
+def _positive_number(text: str, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def seconds(text: str) -> float:
+    return _positive_number(text, "a number of seconds")
+
+
+def rate(text: str) -> float:
+    return _positive_number(text, "a rate in events per second")
 
 
 def cluster_name(text: str) -> str:
@@ -104,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(handler=cmd_up)
     up.add_argument("--workers", type=positive, default=2, help="worker processes, default 2")
     up.add_argument("--fronts", type=positive, default=1, help="front processes (and barriers, one each), default 1")
+    up.add_argument("--guarantees", choices=("exactly-once", "off"), default="exactly-once",
+                    help="exactly-once (default) or off: barriers release on arrival, for benchmarks against peers "
+                         "without exactly-once")
     up.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
                     help=f"state, logs and cluster.json of the cluster (default {DEFAULT_DATA_DIR})")
     up.add_argument("--zookeeper", metavar="HOST:PORT", help="use this ZooKeeper instead of starting one")
@@ -163,7 +174,74 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--topic", required=True, help="the cluster's data dir (or its topic/ dir)")
     audit.add_argument("--replay", required=True, help="Parquet directory written by `flamestream replay`")
     audit.add_argument("--show", type=positive, default=10, help="differences to print per side (default 10)")
+    bench = sub.add_parser("bench", help="latency and throughput of flamestream and its peers, side by side")
+    bench.set_defaults(handler=cmd_bench)
+    bench.add_argument("workload", choices=("inverted-index", "wordcount"))
+    bench.add_argument("--rate", type=rate, default=None,
+                       help="events per second, seeded Poisson (pages/s or lines/s; default 20 pages/s for the "
+                            "inverted index, 1000 lines/s for word count)")
+    bench.add_argument("--duration", type=seconds, default=10.0, help="seconds of pushing per run (default 10)")
+    bench.add_argument("--workers", type=positive, default=2, help="workers of each system (default 2)")
+    bench.add_argument("--peers", type=peer_list, default=["spark", "bytewax", "python"],
+                       help="comma-separated peers out of spark,bytewax,python, or 'none' (default all three)")
+    bench.add_argument("--guarantees", choices=("exactly-once", "off", "both"), default="both",
+                       help="run flamestream exactly-once, with guarantees off (barrier releases on arrival), or "
+                            "both (default)")
+    bench.add_argument("--sweep", type=rate_list, default=[],
+                       help="more rates to run, comma-separated: yields each system's max sustainable rate "
+                            "(highest rate with p99 < 100 ms)")
+    bench.add_argument("--throughput", action="store_true",
+                       help="also run each system once as fast as it absorbs (max throughput, ratios to Python "
+                            "and Bytewax)")
+    bench.add_argument("--rounds", type=positive, default=1, help="interleaved rounds (default 1)")
+    bench.add_argument("--seed", type=int, default=1, help="seed of the input and the arrival times (default 1)")
+    bench.add_argument("--out", default="bench-results", help="results directory (default bench-results)")
+    bench.add_argument("--drain-timeout", type=seconds, default=60.0,
+                       help="seconds a run may take after pushing to finish its events (default 60)")
     return parser
+
+
+def rate_list(text: str) -> list[float]:
+    return [rate(part) for part in text.split(",") if part.strip()]
+
+
+def peer_list(text: str) -> list[str]:
+    from flamestream.benchmark.systems import PEERS
+
+    if text == "none":
+        return []
+    peers = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
+    return list(dict.fromkeys(peers))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from flamestream.benchmark.suite import Options, run_suite
+    from flamestream.benchmark.workloads import CORPUS
+
+    missing = [module for module in ("bytewax", "pandas")
+               if ("bytewax" in args.peers if module == "bytewax" else "spark" in args.peers)
+               and importlib.util.find_spec(module) is None]
+    if missing:
+        raise UsageError(f"peer dependencies missing ({', '.join(missing)}): pip install 'flamestream[peers]', "
+                         f"or leave those peers out with --peers")
+    if args.workload == "inverted-index" and not CORPUS.exists():
+        raise UsageError(f"the inverted-index workload reads {CORPUS}, which does not exist")
+    default_rate = 20.0 if args.workload == "inverted-index" else 1000.0
+    options = Options(workload=args.workload, rate=args.rate or default_rate, duration=args.duration,
+                      workers=args.workers, peers=args.peers, guarantees=args.guarantees, sweep=args.sweep,
+                      throughput=args.throughput, rounds=args.rounds, seed=args.seed, out=Path(args.out),
+                      drain_timeout=args.drain_timeout)
+    directory = run_suite(options, say=lambda line: print(line, file=sys.stderr, flush=True))
+    summary = json.loads((directory / "result.json").read_text())
+    print(json.dumps({"result": str(directory / "result.json"), "plot": str(directory / "latency.png"),
+                      "systems": [{k: s.get(k) for k in ("name", "p50_ms", "p99_ms", "throughput", "correct", "error")}
+                                  for s in summary["systems"]]}, indent=2))
+    return 1 if any(s.get("error") or not s.get("correct") for s in summary["systems"]) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,7 +367,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"flamestream: removed the record of an earlier cluster in {data_dir}: none of its processes is "
               "running", file=sys.stderr)
     options = cluster_process.UpOptions(data_dir=data_dir, workers=args.workers, fronts=args.fronts,
-                                        zookeeper=args.zookeeper, cluster=args.cluster, timeout=args.timeout)
+                                        zookeeper=args.zookeeper, cluster=args.cluster, timeout=args.timeout,
+                                        exactly_once=args.guarantees == "exactly-once")
     try:
         state = cluster_process.start_cluster(options)
     except cluster_process.StartError as exc:
