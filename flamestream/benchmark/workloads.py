@@ -23,7 +23,7 @@ import json
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -224,12 +224,13 @@ def _accumulate(values: Iterator[float]) -> Iterator[float]:
 class PageProgress:
     """A page is done when all its changelog records (one per distinct word) were consumed."""
 
-    def __init__(self) -> None:
+    def __init__(self, distinct_words: Callable[[Any], int] = lambda page: len(inverted_index.positions(page))) -> None:
+        self._distinct_words = distinct_words
         self._remaining: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def expect(self, event_id: str, payload: Any) -> int:
-        words = len(inverted_index.positions(payload))
+        words = self._distinct_words(payload)
         with self._lock:
             if words:
                 self._remaining[payload["id"]] = words
@@ -276,6 +277,8 @@ class InvertedIndex:
             raise FileNotFoundError(f"the inverted-index workload reads {corpus}, which does not exist "
                                     "(the shared data directory belongs beside the repository)")
         self._pages = list(inverted_index.read_input(str(corpus)))
+        self._distinct = {page["id"]: len(inverted_index.positions(page)) for page in self._pages}
+        """Distinct words per corpus page, computed once: the pusher must not tokenize on the clock."""
 
     def events(self, seed: int) -> Iterator[tuple[str, Any]]:
         rng = random.Random(seed)
@@ -290,10 +293,10 @@ class InvertedIndex:
             rounds += 1
 
     def units(self, payload: Any) -> int:
-        return len(inverted_index.positions(payload))
+        return self._distinct[payload["id"].partition("~")[0]]
 
     def progress(self) -> PageProgress:
-        return PageProgress()
+        return PageProgress(self.units)
 
     def graph(self) -> Graph:
         return inverted_index.graph()
