@@ -220,7 +220,7 @@ def peer_list(text: str) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from flamestream.benchmark.suite import Options, run_suite
+    from flamestream.benchmark.suite import OURS_OFF, Options, run_suite
     from flamestream.benchmark.workloads import CORPUS
 
     missing = [module for module in ("bytewax", "pandas")
@@ -241,7 +241,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(json.dumps({"result": str(directory / "result.json"), "plot": str(directory / "latency.png"),
                       "systems": [{k: s.get(k) for k in ("name", "p50_ms", "p99_ms", "throughput", "correct", "error")}
                                   for s in summary["systems"]]}, indent=2))
-    return 1 if any(s.get("error") or not s.get("correct") for s in summary["systems"]) else 0
+    # Guarantees off may release replayed versions: its check is reported, never a failure of the run.
+    failed = [s["name"] for s in summary["systems"]
+              if s.get("error") or (not s.get("correct") and s["name"] != OURS_OFF)]
+    if failed:
+        print(f"flamestream: error: {', '.join(failed)} failed or differ from the oracle; see {directory}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

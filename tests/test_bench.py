@@ -109,7 +109,8 @@ def test_smoke_run_writes_result_and_plot_ours_first(tmp_path: Path) -> None:
     names = [s["name"] for s in result["systems"]]
     assert names == ["flamestream", "flamestream (guarantees off)", "python"]
     for entry in result["systems"]:
-        assert entry["correct"] and entry["complete"], entry
+        assert entry["complete"], entry
+        assert entry["correct"] or entry["name"] == "flamestream (guarantees off)", entry
         assert entry["p50_ms"] <= entry["p90_ms"] <= entry["p99_ms"] <= entry["max_ms"]
         assert entry["throughput"] > 0 and entry["cpu_seconds"] > 0 and entry["peak_rss_mb"] > 0
     assert result["systems"][0]["replay_overhead"] >= 1.0

@@ -245,14 +245,28 @@ def times(response: pb.PushResponse) -> list[GlobalTime]:
     return [GlobalTime(t.ts, t.front) for t in response.times]
 
 
+def routed_graph() -> dict[str, Any]:
+    """Word count with a balanced split (by the line's hash): the front routes each line to one worker.
+
+    Plain word count has an unbalanced stateless entry, which fronts replicate to every worker.
+    """
+    graph = wordcount.graph().to_dict()
+    for op in graph["operations"]:
+        if op["name"] == "split":
+            op["balance"] = "examples.wordcount:word_hash"
+    return graph
+
+
 # -- tests -----------------------------------------------------------------------------------------------------
 
 
 @slow
+@pytest.mark.parametrize("replicated", [False, True])
 def test_events_reach_their_workers_in_order_with_acks_reports_and_log(
-        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
-    graph = wordcount.graph().to_dict()
+        zookeeper: str, cluster_name: str, tmp_path: Path, replicated: bool) -> None:
+    graph = wordcount.graph().to_dict() if replicated else routed_graph()
     entry = compile_graph(Graph.from_dict(graph)).entry
+    copies = len(LAYOUT.starts) if replicated else 1
 
     async def scenario() -> None:
         async with stand_ins() as cluster, front(zookeeper, cluster_name, tmp_path) as (_, stub):
@@ -282,8 +296,8 @@ def test_events_reach_their_workers_in_order_with_acks_reports_and_log(
             assert all(flag for answer in answers for flag in answer.admitted)
             assert all(gt.front == FRONT and gt.ts >= start_ts for gt in admitted)
 
-            await eventually(lambda: sum(len(w.envelopes()) for w in cluster.workers) == len(pushed),
-                             "every event at a worker")
+            await eventually(lambda: sum(len(w.envelopes()) for w in cluster.workers) == len(pushed) * copies,
+                             "every event at its worker (at every worker, when the entry is replicated)")
             await eventually(lambda: not cluster.balance(), "the front's acks to cancel the acks the workers got")
 
             received: list[tuple[int, int, str]] = []
@@ -294,16 +308,17 @@ def test_events_reach_their_workers_in_order_with_acks_reports_and_log(
                     for op, h, (payload, gt, trace, tombstone) in entries:
                         assert (op, h, tombstone, gt.front, len(trace)) == (entry, stable_hash(payload), False,
                                                                            FRONT, 1)
-                        assert LAYOUT.owner(h) == index
+                        assert replicated or LAYOUT.owner(h) == index
                         order.append((gt.ts, trace[0]))
                         received.append((gt.ts, trace[0], payload))
                 assert order == sorted(set(order)), f"worker {index} got this front's items out of order"
-            assert Counter(p for _, _, p in received) == Counter(pushed)
-            assert len({(ts, seq) for ts, seq, _ in received}) == len(pushed)
-            assert sorted(GlobalTime(ts, FRONT) for ts, _, _ in received) == sorted(admitted)
+            assert Counter(p for _, _, p in received) == Counter(pushed * copies)
+            distinct = sorted(set(received))
+            assert len(distinct) == len(pushed)
+            assert [GlobalTime(ts, FRONT) for ts, _, _ in distinct] == sorted(admitted)
 
             records = log_records(tmp_path)
-            assert sorted((r["ts"], r["seq"], r["payload"]) for r in records) == sorted(received)
+            assert sorted((r["ts"], r["seq"], r["payload"]) for r in records) == distinct
             assert all(r["front"] == FRONT and r["producer"] == "" for r in records)
 
             last = max(admitted)
@@ -326,10 +341,7 @@ def test_events_reach_their_workers_in_order_with_acks_reports_and_log(
 @slow
 def test_rejected_requests_admit_nothing_and_the_front_keeps_serving(
         zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
-    graph = wordcount.graph().to_dict()
-    for op in graph["operations"]:
-        if op["name"] == "split":  # word_hash fails on anything but strings and dicts: a failing balancer
-            op["balance"] = "examples.wordcount:word_hash"
+    graph = routed_graph()  # word_hash fails on anything but strings and dicts: a failing balancer
 
     async def scenario() -> None:
         async with stand_ins() as cluster, \
@@ -367,7 +379,7 @@ def test_rejected_requests_admit_nothing_and_the_front_keeps_serving(
 def test_retries_are_admitted_once_also_across_a_restart(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with stand_ins() as cluster:
-            await publish(zookeeper, cluster_name, cluster.tick(wordcount.graph().to_dict(), 0))
+            await publish(zookeeper, cluster_name, cluster.tick(routed_graph(), 0))
             async with front(zookeeper, cluster_name, tmp_path) as (_, stub):
                 first = await push_once_deployed(stub, [event("a", "p", 1), event("b", "p", 2)])
                 assert list(first.admitted) == [True, True]
@@ -401,7 +413,7 @@ def test_a_restarted_front_keeps_the_promises_it_reported(
     below a time already promised to the acker; a persisted bound far in the future stands in for that clock."""
     async def scenario() -> None:
         async with stand_ins() as cluster:
-            await publish(zookeeper, cluster_name, cluster.tick(wordcount.graph().to_dict(), 0))
+            await publish(zookeeper, cluster_name, cluster.tick(routed_graph(), 0))
             async with front(zookeeper, cluster_name, tmp_path) as (_, stub):
                 await push_once_deployed(stub, [event("a")])
                 await asyncio.sleep(0.2)  # some reports go out
@@ -435,7 +447,7 @@ def test_a_failed_log_write_admits_exactly_what_reached_the_log(
         zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with stand_ins() as cluster:
-            await publish(zookeeper, cluster_name, cluster.tick(wordcount.graph().to_dict(), 0))
+            await publish(zookeeper, cluster_name, cluster.tick(routed_graph(), 0))
             async with front(zookeeper, cluster_name, tmp_path, file_size_limit=2048) as (_, stub):
                 events = [event(f"event {i:02d} " + "x" * 60, "p", i) for i in range(40)]
                 error = await rejected(push_once_deployed(stub, events))

@@ -35,7 +35,7 @@ def test_services_expose_the_contract() -> None:
         "Front": ["Push"],
         "Worker": ["Exchange"],
         "Acker": ["Ack", "WatchMinTime"],
-        "Barrier": ["Deliver", "Subscribe", "Commit", "Committed"],
+        "Barrier": ["Deliver", "Subscribe", "Commit", "Committed", "Stats"],
     }
 
 
