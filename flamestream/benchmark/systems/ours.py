@@ -33,8 +33,12 @@ class Flamestream:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._state = cluster_process.start_cluster(cluster_process.UpOptions(
             data_dir=data_dir, workers=spec.workers, fronts=1, cluster="bench", exactly_once=spec.exactly_once))
-        with Client(self._state.zookeeper, self._state.cluster) as client:
-            client.deploy(workload.graph())
+        try:
+            with Client(self._state.zookeeper, self._state.cluster) as client:
+                client.deploy(workload.graph())
+        except BaseException:
+            cluster_process.stop_cluster(self._state)  # the runner only closes a system whose set-up succeeded
+            raise
 
     def run(self, pacer: Pacer, tracker: Tracker) -> dict[str, Any]:
         return uvloop.run(self._run(pacer, tracker))
