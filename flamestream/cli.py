@@ -221,7 +221,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import importlib.util
 
     from flamestream.benchmark.suite import OURS_OFF, Options, run_suite
-    from flamestream.benchmark.workloads import CORPUS
+    from flamestream.benchmark.workloads import workload
 
     missing = [module for module in ("bytewax", "pandas")
                if ("bytewax" in args.peers if module == "bytewax" else "spark" in args.peers)
@@ -229,10 +229,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"peer dependencies missing ({', '.join(missing)}): pip install 'flamestream[peers]', "
                          f"or leave those peers out with --peers")
-    if args.workload == "inverted-index" and not CORPUS.exists():
-        raise UsageError(f"the inverted-index workload reads {CORPUS}, which does not exist")
-    default_rate = 20.0 if args.workload == "inverted-index" else 1000.0
-    options = Options(workload=args.workload, rate=args.rate or default_rate, duration=args.duration,
+    try:
+        chosen = workload(args.workload)  # fails here, before anything starts, if its input is missing
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    options = Options(workload=args.workload, rate=args.rate or chosen.default_rate, duration=args.duration,
                       workers=args.workers, peers=args.peers, guarantees=args.guarantees, sweep=args.sweep,
                       throughput=args.throughput, rounds=args.rounds, seed=args.seed, out=Path(args.out),
                       drain_timeout=args.drain_timeout)

@@ -58,20 +58,21 @@ class Tracker:
         self.payloads: list[Any] = []
         """Pushed payloads in push order (global-time order for a single producer)."""
         self.units = 0
+        """Pushed work in the workload's unit: each event's obligations (its words, or its changelog records)."""
         self.first_due: float | None = None
         self.last_done: float | None = None
         self._lock = threading.Lock()
         self._all_done = threading.Event()
         self._all_done.set()
-        self.closed = False
 
-    def expect(self, event_id: str, payload: Any, due: float, units: int) -> None:
+    def expect(self, event_id: str, payload: Any, due: float) -> None:
         with self._lock:
             self.payloads.append(payload)
-            self.units += units
             if self.first_due is None:
                 self.first_due = due
-            if self._progress.expect(event_id, payload):
+            obligations = self._progress.expect(event_id, payload)
+            self.units += obligations
+            if obligations:
                 self._due[event_id] = due
                 self._all_done.clear()
             else:
@@ -103,12 +104,10 @@ class Pacer:
     def __init__(self, spec: RunSpec, workload: Workload, tracker: Tracker) -> None:
         self._spec = spec
         self._events = workload.events(spec.seed)
-        self._workload = workload
         self._tracker = tracker
         self._rng = random.Random(spec.seed)
         self._start = 0.0
         self._next_due = 0.0
-        self.pushed = 0
 
     def start(self) -> None:
         self._start = self._next_due = time.perf_counter()
@@ -140,8 +139,7 @@ class Pacer:
 
     def _take(self, due: float) -> tuple[str, Any]:
         event_id, payload = next(self._events)
-        self._tracker.expect(event_id, payload, due, self._workload.units(payload))
-        self.pushed += 1
+        self._tracker.expect(event_id, payload, due)
         return event_id, payload
 
     def batches(self) -> Iterator[list[tuple[str, Any]]]:

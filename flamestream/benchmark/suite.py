@@ -29,6 +29,7 @@ import psutil
 from flamestream.benchmark.harness import RunSpec
 from flamestream.benchmark.report import plot_cdf, write_result
 from flamestream.benchmark.runner import latency_figures
+from flamestream.benchmark.workloads import WORKLOADS
 
 SUSTAINABLE_P99_MS = 100.0
 OURS, OURS_OFF = "flamestream", "flamestream (guarantees off)"
@@ -117,6 +118,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def run_suite(options: Options, say: Any = print) -> Path:
     """Run everything; returns the directory holding result.json and latency.png."""
     systems = _systems(options)
+    kind = WORKLOADS[options.workload]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     directory = options.out / stamp
     directory.mkdir(parents=True, exist_ok=False)
@@ -139,7 +141,7 @@ def run_suite(options: Options, say: Any = print) -> Path:
     main = [{"name": name, **_without_latencies(pooled[(name, options.rate)])} for name, _s, _e in systems]
     result: dict[str, Any] = {
         "benchmark": options.workload, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "rate": options.rate, "rate_unit": "pages/s" if options.workload == "inverted-index" else "lines/s",
+        "rate": options.rate, "rate_unit": kind.rate_unit,
         "duration_s": options.duration, "workers": options.workers, "seed": options.seed, "rounds": options.rounds,
         "machine": machine, "versions": _versions(), "systems": main,
     }
@@ -152,7 +154,7 @@ def run_suite(options: Options, say: Any = print) -> Path:
     if options.throughput:
         best = {name: pooled[(name, None)].get("units_per_s") for name, _s, _e in systems}
         result["max_throughput"] = {
-            "unit": "words/s" if options.workload == "wordcount" else "changelog records/s",
+            "unit": f"{kind.unit}/s",
             "systems": {name: _brief(pooled[(name, None)]) for name, _s, _e in systems},
             "ratio_to_python": {name: _ratio(v, best.get("python")) for name, v in best.items()},
             "ratio_to_bytewax": {name: _ratio(v, best.get("bytewax")) for name, v in best.items()},

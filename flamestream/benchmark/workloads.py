@@ -25,10 +25,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
 from examples import inverted_index, wordcount
+from examples.inverted_index import Page
 from flamestream.front import stamp_inputs
 from flamestream.graph import Graph
 from flamestream.oracle import run_oracle
@@ -61,13 +63,12 @@ class Progress(Protocol):
 class Workload(Protocol):
     name: str
     unit: str
-    """What ``units`` counts: words for word count, changelog records for the inverted index."""
-    example: str
-    """The example module whose graph flamestream deploys."""
+    """What an event's obligations count: words for word count, changelog records for the inverted index."""
+    rate_unit: str
+    default_rate: float
+    """Events per second of ``flamestream bench`` without ``--rate``."""
 
     def events(self, seed: int) -> Iterator[tuple[str, Any]]: ...
-
-    def units(self, payload: Any) -> int: ...
 
     def progress(self) -> Progress: ...
 
@@ -92,6 +93,15 @@ def oracle_records(graph: Graph, payloads: list[Any]) -> list[Record]:
     if rejected:
         raise ValueError(f"the oracle rejected {len(rejected)} benchmark inputs, e.g. {rejected[0]!r:.200}")
     return [payload for _gt, payload in output]
+
+
+def check_against_oracle(graph: Graph, payloads: list[Any], records: list[Record], method: str,
+                         final_state: Callable[[list[Record]], dict[Any, Any]]) -> Check:
+    """``method`` ``changelog``: the records as a multiset; otherwise ``final_state`` of both sides."""
+    expected = oracle_records(graph, payloads)
+    if method == "changelog":
+        return _multiset_check(expected, records)
+    return _state_check(final_state(expected), final_state(records))
 
 
 def _multiset_check(expected: list[Record], records: list[Record]) -> Check:
@@ -174,19 +184,17 @@ class Wordcount:
 
     name = "wordcount"
     unit = "words"
-    example = "examples/wordcount.py"
+    rate_unit = "lines/s"
+    default_rate = 1000.0
 
     def events(self, seed: int) -> Iterator[tuple[str, Any]]:
         rng = random.Random(seed)
         words = [f"w{i}" for i in range(VOCABULARY)]
-        cumulative = list(_accumulate(1 / (rank + 1) for rank in range(VOCABULARY)))
+        cumulative = list(accumulate(1 / (rank + 1) for rank in range(VOCABULARY)))
         k = 0
         while True:
             yield f"l{k}", " ".join(rng.choices(words, cum_weights=cumulative, k=WORDS_PER_LINE))
             k += 1
-
-    def units(self, payload: Any) -> int:
-        return len(wordcount.split_words(payload))
 
     def progress(self) -> WordcountProgress:
         return WordcountProgress()
@@ -198,10 +206,7 @@ class Wordcount:
         return WordcountLoop()
 
     def check(self, payloads: list[Any], records: list[Record], method: str) -> Check:
-        expected = oracle_records(self.graph(), payloads)
-        if method == "changelog":
-            return _multiset_check(expected, records)
-        return _state_check(_final_counts(expected), _final_counts(records))
+        return check_against_oracle(self.graph(), payloads, records, method, _final_counts)
 
 
 def _final_counts(records: list[Record]) -> dict[str, int]:
@@ -209,13 +214,6 @@ def _final_counts(records: list[Record]) -> dict[str, int]:
     for r in records:
         final[r["word"]] = max(final.get(r["word"], 0), r["count"])
     return final
-
-
-def _accumulate(values: Iterator[float]) -> Iterator[float]:
-    total = 0.0
-    for v in values:
-        total += v
-        yield total
 
 
 # -- inverted index ----------------------------------------------------------------------------------------------
@@ -269,8 +267,9 @@ class InvertedIndex:
     """The shared Wikipedia pages, repeated with fresh ids for as long as the run needs."""
 
     name = "inverted-index"
-    unit = "records"
-    example = "examples/inverted_index.py"
+    unit = "changelog records"
+    rate_unit = "pages/s"
+    default_rate = 20.0
 
     def __init__(self, corpus: Path = CORPUS) -> None:
         if not corpus.exists():
@@ -292,11 +291,11 @@ class InvertedIndex:
                 yield pid, {**page, "id": pid}
             rounds += 1
 
-    def units(self, payload: Any) -> int:
-        return self._distinct[payload["id"].partition("~")[0]]
+    def _distinct_words(self, page: Page) -> int:
+        return self._distinct[page["id"].partition("~")[0]]
 
     def progress(self) -> PageProgress:
-        return PageProgress(self.units)
+        return PageProgress(self._distinct_words)
 
     def graph(self) -> Graph:
         return inverted_index.graph()
@@ -305,21 +304,19 @@ class InvertedIndex:
         return InvertedIndexLoop()
 
     def check(self, payloads: list[Any], records: list[Record], method: str) -> Check:
-        expected = oracle_records(self.graph(), payloads)
-        if method == "changelog":
-            return _multiset_check(expected, records)
-        return _state_check(_final_index(expected), _final_index(records))
+        return check_against_oracle(self.graph(), payloads, records, method, _final_index)
 
 
 def _final_index(records: list[Record]) -> dict[tuple[str, str], Any]:
     return {(r["word"], r["page"]): r["positions"] for r in records}
 
 
-WORKLOADS = {"wordcount": Wordcount, "inverted-index": InvertedIndex}
+WORKLOADS: dict[str, type[Wordcount] | type[InvertedIndex]] = {"wordcount": Wordcount,
+                                                               "inverted-index": InvertedIndex}
 
 
 def workload(name: str) -> Workload:
     try:
-        return WORKLOADS[name]()  # type: ignore[no-any-return]
+        return WORKLOADS[name]()
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; expected one of {', '.join(WORKLOADS)}") from None
