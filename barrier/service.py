@@ -81,9 +81,7 @@ class _Partition:
         return self._retired[0] + self.buffer.received, self.released, self._retired[1] + self.buffer.retractions
 
     async def append(self, released: list[Released]) -> None:
-        records = [pb.Record(time=pb.GlobalTime(ts=gt.ts, front=gt.front),
-                             payload=codec.encode_payload(payload)).SerializeToString()
-                   for gt, _trace, payload in released]
+        records = [record for _gt, _trace, record in released]  # serialized by the workers (codec.to_records)
         first = await asyncio.to_thread(self.log.append_many, records)  # fsyncs: keep it off the loop
         self.end = first + len(records)
         self.released += len(records)
@@ -249,8 +247,8 @@ class BarrierService(pb_grpc.BarrierServicer):
             return f"items must be a pickled list, got {type(items).__name__}"
         for item in items:
             if not (isinstance(item, tuple) and len(item) == 4 and isinstance(item[1], GlobalTime)
-                    and isinstance(item[2], tuple)):
-                return f"not an item (payload, GlobalTime, trace, tombstone): {item!r:.200}"
+                    and isinstance(item[2], tuple) and (item[3] or isinstance(item[0], bytes))):
+                return f"not an item (serialized record, GlobalTime, trace, tombstone): {item!r:.200}"
             if item[1].front not in self._partitions:
                 return (f"item at {item[1]} belongs to partition {item[1].front}, which this barrier does not own "
                         f"(it owns {sorted(self._partitions)})")

@@ -29,6 +29,7 @@ from flamestream.client import Client, ClientError, PushResult, Record
 from flamestream.cluster import ClusterStore
 from flamestream.functions import FunctionRefError
 from flamestream.graph import GraphError
+from flamestream.heap import tune_gc
 from flamestream.loader import load_graph, read_inputs
 from flamestream.local import LocalRuntime
 from flamestream.oracle import run_oracle
@@ -335,6 +336,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     graph, module = load_graph(args.graph)
     events = list(read_inputs(module, args.input))
+    tune_gc()
     out = sys.stdout
     if args.oracle:
         from flamestream.front import stamp_inputs

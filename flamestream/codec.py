@@ -1,6 +1,7 @@
 """Encoding of what crosses process boundaries: payloads, item batches, acks.
 
-Client payloads and released records are JSON (the public format).  Batches
+Client payloads and released records are JSON (the public format); workers
+turn sink items into serialized topic records (``to_records``).  Batches
 between workers and to barriers are pickled lists of envelopes/items: the
 channel is internal to the cluster, and pickle keeps payload types exact (a
 tuple stays a tuple), which determinism across workers needs — the same item
@@ -15,6 +16,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
+from flamestream.item import Item
 from flamestream.meta import GlobalTime
 from flamestream.wire import flamestream_pb2 as pb
 
@@ -34,6 +36,26 @@ def decode_payload(data: bytes) -> Any:
 
 def encode_payload(payload: Any) -> bytes:
     return json.dumps(payload, ensure_ascii=False, default=repr, separators=(",", ":")).encode()
+
+
+def to_records(items: list[Item]) -> list[Item]:
+    """Items bound for a barrier, their payloads replaced by the topic records they become (tombstones: none).
+
+    Workers encode, so the barrier — one per partition, on every record's
+    path — only stores and appends bytes; the encoding is spread over the
+    workers and happens while the barrier still waits for the min time.
+    """
+    times: dict[GlobalTime, pb.GlobalTime] = {}
+    out: list[Item] = []
+    for payload, gt, trace, tombstone in items:
+        if tombstone:
+            out.append((None, gt, trace, True))
+            continue
+        time = times.get(gt)
+        if time is None:
+            time = times[gt] = pb.GlobalTime(ts=gt.ts, front=gt.front)
+        out.append((pb.Record(time=time, payload=encode_payload(payload)).SerializeToString(), gt, trace, False))
+    return out
 
 
 def new_acks(times: Iterable[GlobalTime]) -> dict[GlobalTime, int]:

@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from flamestream.cluster import ClusterStore
+from flamestream.heap import tune_gc
 from flamestream.tick import Tick
 from flamestream.wire import flamestream_pb2 as pb
 
@@ -158,5 +159,6 @@ class ClientStream(Generic[_M]):
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run a service's main coroutine on uvloop."""
+    """Run a service's main coroutine on uvloop, with the collector tuned for a growing heap."""
+    tune_gc()
     uvloop.run(main())

@@ -7,7 +7,10 @@ channels overtake one another, so groupings see items out of order and
 replay, exactly as on a real network; the output must still equal the oracle's.
 
 A worker step drains the heads of its input channels as one queue ordered by
-meta (the paper's prioritized queues).  With ``adversarial=True`` every channel
+meta (the paper's prioritized queues).  Like a worker service, it ships its
+output in pieces as the core produces them (``Worker.run`` with a seeded
+flush size), and the scheduler may run other workers and the barrier between
+pieces; the step's receipt acks go last.  With ``adversarial=True`` every channel
 gets a speed drawn over three orders of magnitude and slow channels keep
 missing steps, so some paths lag far behind and replays/retractions pile up.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +31,7 @@ from flamestream.item import Item, envelope_meta, envelope_time, item_meta, item
 from flamestream.meta import MAX_TIME, GlobalTime
 from flamestream.plan import compile_graph
 from flamestream.tick import Layout
-from flamestream.worker import Worker, front_envelopes
+from flamestream.worker import Outbox, Worker, front_envelopes
 
 Channel = tuple[str, int, int]
 """("front", front, worker) | ("worker", src, dst) | ("barrier", worker, 0)."""
@@ -92,6 +95,8 @@ class LocalRuntime:
             pending[s[0]].append(s)
         channels: dict[Channel, deque[Batch]] = {}
         speed: dict[Channel, float] = {}
+        steps: dict[int, tuple[Iterator[Outbox], list[Batch]]] = {}
+        """Worker -> its step under way: the core's remaining pieces and the batches it took (acked at the end)."""
 
         def send(channel: Channel, entries: list[Any], gt_of: Any) -> None:
             acks = {gt_of(e): rng.getrandbits(64) for e in entries}
@@ -119,7 +124,7 @@ class LocalRuntime:
             for c, q in channels.items():
                 if q:
                     inbound.setdefault(-1 - c[1] if c[0] == "barrier" else c[2], []).append(c)
-            candidates: list[Any] = [("front", f) for f in fronts_left] + list(inbound)
+            candidates: list[Any] = [("front", f) for f in fronts_left] + list(inbound.keys() | steps.keys())
             if not candidates:
                 break
             choice = rng.choice(candidates)
@@ -141,6 +146,16 @@ class LocalRuntime:
                 else:
                     acker.report(front, MAX_TIME.ts)
                     fronts_left.remove(front)
+            elif choice in steps:
+                pieces, batches = steps[choice]
+                piece = next(pieces, None)
+                if piece is None:
+                    del steps[choice]
+                    for _, acks in batches:
+                        for gt, r in acks.items():
+                            acker.ack(gt, r)
+                else:
+                    deliver(choice, *piece)
             else:
                 # A worker (or barrier) drains the heads of its input channels as one prioritized queue;
                 # slow channels may miss the step, which is what reorders items across channels.
@@ -152,11 +167,11 @@ class LocalRuntime:
                 entries = [e for batch, _ in batches for e in batch]
                 if len(batches) > 1:
                     entries.sort(key=item_meta if choice < 0 else envelope_meta)
-                if choice < 0:
-                    for item in entries:
-                        barrier.insert(item)
-                else:
-                    deliver(choice, *workers[choice].process(entries))
+                if choice >= 0:
+                    steps[choice] = (workers[choice].run(entries, rng.randint(1, 16)), batches)
+                    continue
+                for item in entries:
+                    barrier.insert(item)
                 for _, acks in batches:
                     for gt, r in acks.items():
                         acker.ack(gt, r)

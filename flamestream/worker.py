@@ -23,6 +23,7 @@ operation is what marks it as such a copy.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from flamestream.dead_letter import dead_letter
@@ -68,11 +69,26 @@ class Worker:
         }
 
     def process(self, envelopes: list[Envelope]) -> Outbox:
+        """Run ``envelopes`` to completion; everything they produced in one outbox."""
+        return next(self.run(envelopes))
+
+    def run(self, envelopes: list[Envelope], flush: int | None = None) -> Iterator[Outbox]:
+        """Run ``envelopes`` to completion, handing the outbox over whenever ``flush`` items are pending in it.
+
+        Why pieces: a page of the inverted index fans out into thousands of
+        postings.  Handed over at once, at the end, the other workers and the
+        barrier idle until this worker is done and then work through its
+        output after it, so the page's latency is the sum of everyone's work.
+        Handed over as produced, they work alongside.  The last piece may be
+        empty; without ``flush`` it is the only one.
+        """
         plan = self.plan
         kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
         groupings = self.groupings
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
+        sent = 0
+        """Items in ``remote``."""
         stack = envelopes[::-1]
         lo, hi = self.lo, self.hi
         while stack:
@@ -111,18 +127,23 @@ class Worker:
                     carried = h if copy else None
                     local.extend([(dst, carried, out) for out in outs])
                 else:
-                    self._route_hashed(dst, outs, local, remote, barrier, copy, emits)
+                    sent += self._route_hashed(dst, outs, local, remote, barrier, copy, emits)
             if local:
                 local.reverse()
                 stack.extend(local)
-        return remote, barrier
+            if flush is not None and sent + len(barrier) >= flush and stack:
+                yield remote, barrier
+                remote, barrier, sent = {}, [], 0
+        yield remote, barrier
 
     def _route_hashed(self, dst: int, items: list[Item], local: list[Envelope], remote: dict[int, list[Envelope]],
-                      barrier: list[Item], copy: bool, emits: bool) -> None:
+                      barrier: list[Item], copy: bool, emits: bool) -> int:
         """Route ``items`` bound to ``dst`` by its balancing function: here, to a remote worker, or dead letter.
 
         A replicated-prefix ``copy`` keeps only what is local: the owner of the rest computes it itself.
+        Returns how many went to remote workers.
         """
+        sent = 0
         plan = self.plan
         balance: Any = plan.balances[dst]
         lo, hi = self.lo, self.hi
@@ -139,6 +160,8 @@ class Worker:
                 local.append((dst, h, item))
             elif not copy:
                 remote.setdefault(self.layout.owner(h), []).append((dst, h, item))
+                sent += 1
+        return sent
 
     def on_min_time(self, min_time: GlobalTime) -> None:
         """The acker's minimal time moved: trim grouping state."""

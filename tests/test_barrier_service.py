@@ -91,7 +91,7 @@ def barrier_process(zookeeper: str, cluster: str, data_dir: Path, stderr_path: P
 
 
 def batch(items: list[Item], acks: dict[GlobalTime, int]) -> pb.ItemBatch:
-    return codec.encode_batch(items, acks, sender=0)
+    return codec.encode_batch(codec.to_records(items), acks, sender=0)
 
 
 def deliver(stub: pb_grpc.BarrierStub, item_batch: pb.ItemBatch) -> None:
@@ -211,7 +211,9 @@ def test_bad_requests_get_clear_statuses(zookeeper: str, cluster_name: str, tmp_
         code, details = deliver_raw(batch([("ok", G30, (0,), False), ("foreign", G11, (0,), False)], {G30: 1}))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "partition 1" in details
         assert deliver_raw(pb.ItemBatch(items=b"not a pickle"))[0] == grpc.StatusCode.INVALID_ARGUMENT
-        assert deliver_raw(batch([("no gt", (30, 0), (0,), False)], {}))[0] == grpc.StatusCode.INVALID_ARGUMENT
+        malformed = [[(b"no gt", (30, 0), (0,), False)], [("not a serialized record", G10, (0,), False)]]
+        for items in malformed:
+            assert deliver_raw(codec.encode_batch(items, {}, sender=0))[0] == grpc.StatusCode.INVALID_ARGUMENT
 
         def first_record(partition: int, from_offset: int) -> tuple[grpc.StatusCode, str]:
             return status_of(lambda: next(subscribe(stub, partition, from_offset)))

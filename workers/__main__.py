@@ -10,8 +10,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__)
     hosting.add_host_arguments(parser, "worker")
     parser.add_argument("--index", type=int, required=True, help="which hash range of the tick's layout to own")
-    parser.add_argument("--batch-items", type=int, default=4096,
-                        help="most items per outgoing message; a step's larger output is split (default 4096)")
+    parser.add_argument("--batch-items", type=int, default=256,
+                        help="most items per outgoing message; a step ships its output whenever this many are "
+                             "pending, so receivers start on it while the step runs on (default 256)")
     parser.add_argument("--linger-ms", type=float, default=0.0,
                         help="wait this long after input arrives to gather more before a step: throughput for "
                              "latency (default 0)")

@@ -190,6 +190,7 @@ class TreeMeter:
     cpu_at_start: dict[tuple[int, float], float] = field(default_factory=dict)
     cpu_latest: dict[tuple[int, float], float] = field(default_factory=dict)
     peak_rss: dict[tuple[int, float], int] = field(default_factory=dict)
+    roles: dict[tuple[int, float], str] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -200,6 +201,8 @@ class TreeMeter:
             try:
                 with proc.oneshot():
                     key = (proc.pid, proc.create_time())
+                    if key not in self.roles:
+                        self.roles[key] = "harness" if proc.pid == root.pid else _role(proc.cmdline())
                     times = proc.cpu_times()
                     cpu[key] = times.user + times.system
                     self.peak_rss[key] = max(self.peak_rss.get(key, 0), _high_water_rss(proc))
@@ -217,10 +220,22 @@ class TreeMeter:
         while not self._stop.wait(self.interval):
             self.cpu_latest.update(self._sample())
 
-    def stop(self) -> dict[str, float]:
+    def stop(self) -> dict[str, Any]:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.cpu_latest.update(self._sample())
-        used = sum(v - self.cpu_at_start.get(k, 0.0) for k, v in self.cpu_latest.items())
-        return {"cpu_seconds": round(used, 2), "peak_rss_mb": round(sum(self.peak_rss.values()) / 2**20, 1)}
+        by_role: dict[str, float] = {}
+        for key, value in self.cpu_latest.items():
+            role = self.roles.get(key, "?")
+            by_role[role] = by_role.get(role, 0.0) + value - self.cpu_at_start.get(key, 0.0)
+        return {"cpu_seconds": round(sum(by_role.values()), 2),
+                "cpu_seconds_by_process": {role: round(used, 2) for role, used in sorted(by_role.items())},
+                "peak_rss_mb": round(sum(self.peak_rss.values()) / 2**20, 1)}
+
+
+def _role(cmdline: list[str]) -> str:
+    """What a process of the tree is, for the CPU breakdown: a module run with -m (``workers``), else its program."""
+    if "-m" in cmdline[:-1]:
+        return cmdline[cmdline.index("-m") + 1]
+    return os.path.basename(cmdline[0]) if cmdline else "?"

@@ -92,6 +92,10 @@ def _pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("throughput", "units_per_s", "cpu_seconds", "peak_rss_mb", "replay_overhead"):
         values = [r[key] for r in ok if r.get(key) is not None]
         pooled[key] = round(statistics.median(values), 4) if values else None
+    roles = {role for r in ok for role in r.get("cpu_seconds_by_process", {})}
+    pooled["cpu_seconds_by_process"] = {
+        role: round(statistics.median(r["cpu_seconds_by_process"].get(role, 0.0) for r in ok), 2)
+        for role in sorted(roles)}
     return pooled
 
 

@@ -1,0 +1,60 @@
+"""Worker.run hands its outbox over in pieces: same output as one piece, but remote work leaves first."""
+
+from __future__ import annotations
+
+from itertools import islice
+
+import pytest
+
+from examples import inverted_index
+from flamestream.benchmark.workloads import CORPUS
+from flamestream.front import stamp_inputs
+from flamestream.plan import compile_graph
+from flamestream.tick import Layout
+from flamestream.worker import Outbox, Worker, front_envelopes
+
+PLAN = compile_graph(inverted_index.graph())
+LAYOUT = Layout.even(2)
+
+
+def page_steps(count: int) -> list[tuple[int, list]]:
+    """(owner worker, envelopes) of the first ``count`` corpus pages, one step each."""
+    pages = list(islice(inverted_index.read_input(str(CORPUS)), count))
+    inputs = [(inverted_index.page_hash(p), (p, gt, trace, False)) for _f, gt, trace, p in stamp_inputs(pages)]
+    return [next(iter(front_envelopes(PLAN, LAYOUT, [one]).items())) for one in inputs]
+
+
+def merged(pieces: list[Outbox]) -> Outbox:
+    remote: dict[int, list] = {}
+    barrier: list = []
+    for piece_remote, piece_barrier in pieces:
+        for worker, envelopes in piece_remote.items():
+            remote.setdefault(worker, []).extend(envelopes)
+        barrier.extend(piece_barrier)
+    return remote, barrier
+
+
+@pytest.mark.parametrize("flush", [1, 7, 64, 256])
+def test_pieces_add_up_to_the_whole_step(flush: int) -> None:
+    whole = [Worker(PLAN, i, LAYOUT) for i in range(2)]
+    pieced = [Worker(PLAN, i, LAYOUT) for i in range(2)]
+    for owner, envelopes in page_steps(12):
+        pieces = list(pieced[owner].run(envelopes, flush))
+        assert all(sum(map(len, r.values())) + len(b) >= flush for r, b in pieces[:-1])
+        assert merged(pieces) == whole[owner].process(envelopes)
+
+
+def test_a_page_ships_remote_postings_while_working_through_its_own() -> None:
+    """Processing is depth-first (meta order), so postings for the other worker leave as they are routed."""
+    owner, envelopes = max(page_steps(12), key=lambda step: len(inverted_index.positions(step[1][0][2][0])))
+    pieces = list(Worker(PLAN, owner, LAYOUT).run(envelopes, 64))
+    remote, barrier = merged(pieces)
+    first_remote, first_barrier = pieces[0]
+    assert len(barrier) > 1000 and len(remote[1 - owner]) > 1000
+    assert first_remote and len(first_barrier) < 64  # the other worker starts before the owner is 5% through
+    assert sum(1 for r, _ in pieces if r) > 10
+
+
+def test_without_flush_there_is_one_piece() -> None:
+    owner, envelopes = page_steps(1)[0]
+    assert len(list(Worker(PLAN, owner, LAYOUT).run(envelopes))) == 1
