@@ -66,6 +66,9 @@ class AckerService(pb_grpc.AckerServicer):
         self._table: AckTable | None = None
         self._fronts: frozenset[int] = frozenset()
         self._min: GlobalTime | None = None
+        """The newest min time: where a new watcher starts."""
+        self._published: GlobalTime | None = None
+        """The min time last sent to the watchers (see AckTable.worth_publishing)."""
         self._watchers: set[_Latest] = set()
         self._closing = False
         self._deployed = asyncio.Event()
@@ -76,6 +79,7 @@ class AckerService(pb_grpc.AckerServicer):
             print(f"acker: ignoring tick {tick.number}: it has no fronts", file=sys.stderr, flush=True)
             return
         self._table = AckTable(tick.fronts, start_ts=tick.start.ts)
+        self._published = None
         self._fronts = frozenset(tick.fronts)
         self._deployed.set()
         self._publish(self._table.min_time())
@@ -87,9 +91,11 @@ class AckerService(pb_grpc.AckerServicer):
             watcher.close()
 
     def _publish(self, min_time: GlobalTime) -> None:
-        if min_time == self._min:
-            return
         self._min = min_time
+        assert self._table is not None
+        if not self._table.worth_publishing(self._published, min_time):
+            return
+        self._published = min_time
         for watcher in self._watchers:
             watcher.put(min_time)
 

@@ -10,6 +10,12 @@ timestamp below the reported one.
 Minimal time = the smallest global time with a non-zero XOR, capped by the
 least promise any front has made.  Everything strictly below it is final:
 barriers may release it and groupings may forget it.
+
+A new min time is only worth telling barriers and workers when some global
+time at or above the one they know has completed since: anything else they
+hold is still in flight, so the new bound releases and trims nothing.  Fronts
+report every few milliseconds, so telling every advance kept an idle cluster
+30% busy on one core (``worth_publishing``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ class AckTable:
         if not self._promised:
             raise ValueError("an ack table needs at least one front")
         self._cap = self._compute_cap()
+        self._completed: GlobalTime | None = None
+        """The greatest global time whose entry went back to zero."""
 
     def ack(self, gt: GlobalTime, xor: int) -> None:
         """XOR ``xor`` into the entry of ``gt`` (a send or a receive, or both combined)."""
@@ -40,6 +48,8 @@ class AckTable:
             table[gt] = value
         elif old is not None:
             del table[gt]
+            if self._completed is None or gt > self._completed:
+                self._completed = gt
 
     def report(self, front: int, ts: int) -> None:
         """Front ``front`` promises no item with a timestamp below ``ts`` (promises only grow)."""
@@ -59,6 +69,13 @@ class AckTable:
         if heap and heap[0] < self._cap:
             return heap[0]
         return self._cap
+
+    def worth_publishing(self, published: GlobalTime | None, min_time: GlobalTime) -> bool:
+        """Whether watchers that know ``published`` gain anything from ``min_time``: it is newer, and some
+        global time at or above ``published`` completed (so it may now be released and trimmed)."""
+        if published is None:
+            return True
+        return min_time > published and self._completed is not None and self._completed >= published
 
     def in_flight(self) -> int:
         """Global times with a non-zero XOR."""

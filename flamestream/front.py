@@ -28,6 +28,10 @@ class FrontClock:
             self._seq += 1
         return GlobalTime(self._ts, self.front_id), (self._seq,)
 
+    def covered(self) -> bool:
+        """Whether the last promise is above everything stamped: a new report would release nothing of ours."""
+        return self._promised > self._ts
+
     def report(self, now_ms: int) -> int:
         """The timestamp this front can promise now: nothing will be stamped below it."""
         self._promised = max(self._promised, now_ms, self._ts)

@@ -360,11 +360,21 @@ class FrontService(rpc.FrontServicer):
         self._reports = asyncio.create_task(self._report_forever(interval))
 
     async def _report_forever(self, interval: float) -> None:
+        """Promise the acker every ``interval`` that nothing older will come.
+
+        Another front's items wait for this front's promise to pass them, so
+        with several fronts an idle front keeps reporting.  A front of its
+        own only reports while something it stamped is not covered yet: idle,
+        it sends nothing (reports are a few hundred microseconds of CPU each
+        on both ends).
+        """
         while True:
             await asyncio.sleep(interval)
             async with self._lock:
                 route = self._route
                 if route is None or route.broken is not None:
+                    continue
+                if len(route.tick.fronts) == 1 and self._clock.covered():
                     continue
                 ts = self._clock.report(_now_ms())
                 if ts > self._promised:  # persist ahead, in steps, before promising past the persisted bound

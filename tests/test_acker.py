@@ -189,3 +189,21 @@ def test_min_time_matches_naive_recomputation(
         assert table.min_time() == naive_min_time(done, promised)
     assert table.in_flight() == 0
     assert table.min_time() == min(GlobalTime(ts, f) for f, ts in promised.items())
+
+
+def test_a_new_min_time_is_worth_publishing_only_once_something_completed_at_or_above_the_last() -> None:
+    t = AckTable([0])
+    first = t.min_time()
+    assert t.worth_publishing(None, first)
+    t.report(0, 10)  # an idle front's report: nothing held anywhere can be released by it
+    assert not t.worth_publishing(first, t.min_time())
+    gt = GlobalTime(12, 0)
+    t.ack(gt, 0xF00D)
+    t.report(0, 20)
+    assert t.min_time() == gt and not t.worth_publishing(first, gt)  # still in flight
+    t.ack(gt, 0xF00D)
+    assert t.min_time() == GlobalTime(20, 0) and t.worth_publishing(first, t.min_time())
+    t.report(0, 30)
+    assert not t.worth_publishing(GlobalTime(20, 0), t.min_time())  # 12 was released by 20 already
+    assert t.worth_publishing(GlobalTime(12, 0), t.min_time())  # ...but not by 12
+    assert not t.worth_publishing(GlobalTime(30, 0), GlobalTime(30, 0))  # never an old or equal value

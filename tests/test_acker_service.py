@@ -103,14 +103,17 @@ def test_min_time_follows_acks_and_reports(zookeeper: str, cluster_name: str, tm
         publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=100, acker=acker.address)
         early.join(60)
         assert read_until(watch, GlobalTime(100, 0)) == [GlobalTime(100, 0)]
+        # The reports move the min time to (120, 1), where the early ack holds it, but nothing completed there:
+        # no watcher could release or trim anything by it, so it is not sent.  Completing (120, 1) is.
         send(stub, [report(0, 130), report(1, 130)])
-        assert read_until(watch, GlobalTime(120, 1))[-1] == GlobalTime(120, 1)  # the early ack holds it
         send(stub, [pb.AckBatch(acks=[ack(120, 1, 0xBEEF)])])
-        assert read_until(watch, GlobalTime(130, 0))[-1] == GlobalTime(130, 0)
+        assert read_until(watch, GlobalTime(130, 0)) == [GlobalTime(130, 0)]
 
-        # An unmatched ack at (150, 0) holds the min time although both fronts promise 200.
-        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD)], report=pb.Report(front=0, ts=200)), report(1, 200)])
-        assert GlobalTime(200, 0) not in read_until(watch, GlobalTime(150, 0))
+        # An unmatched ack at (150, 0) holds the min time although both fronts promise 200; (140, 0) completing
+        # moves it there.
+        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD), ack(140, 0, 3)], report=pb.Report(front=0, ts=200)),
+                    report(1, 200), pb.AckBatch(acks=[ack(140, 0, 3)])])
+        assert read_until(watch, GlobalTime(150, 0)) == [GlobalTime(150, 0)]
         send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD)])])  # the matching receive ack
         assert read_until(watch, GlobalTime(200, 0)) == [GlobalTime(200, 0)]
 
@@ -125,7 +128,7 @@ def test_min_time_follows_acks_and_reports(zookeeper: str, cluster_name: str, tm
         # A new tick brings a fresh table for its fronts and start time.
         publish_tick(zookeeper, cluster_name, fronts=(0, 1, 2), start_ts=1000, acker=acker.address)
         assert read_until(watch, GlobalTime(1000, 0))[-1] == GlobalTime(1000, 0)
-        send(stub, [report(0, 1100), report(1, 1100)])
+        send(stub, [pb.AckBatch(acks=[ack(1050, 0, 9), ack(1050, 0, 9)]), report(0, 1100), report(1, 1100)])
         assert read_until(watch, GlobalTime(1000, 2))[-1] == GlobalTime(1000, 2)
         watch.cancel()
         late.cancel()
@@ -143,8 +146,9 @@ def test_slow_watcher_skips_to_the_latest_and_holds_back_no_one(zookeeper: str, 
         slow = pb_grpc.AckerStub(slow_channel).WatchMinTime(pb.Empty(), timeout=60)  # not read until the end
         fast = stub.WatchMinTime(pb.Empty(), timeout=60)
         assert read_until(fast, GlobalTime(0, 0)) == [GlobalTime(0, 0)]
-        changes = 3000
-        send(stub, (report(0, ts) for ts in range(1, changes + 1)))
+        changes = 3000  # each completes a global time and moves the min time past it
+        send(stub, (pb.AckBatch(acks=[ack(ts - 1, 0, 5), ack(ts - 1, 0, 5)], report=pb.Report(front=0, ts=ts))
+                    for ts in range(1, changes + 1)))
         assert read_until(fast, GlobalTime(changes, 0))[-1] == GlobalTime(changes, 0)
         # The slow watcher gets what its window held, then jumps to the latest value.
         assert len(read_until(slow, GlobalTime(changes, 0))) < changes // 2
@@ -165,6 +169,6 @@ def test_bad_reports_are_rejected_and_the_acker_keeps_serving(zookeeper: str, cl
         assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "front 7" in (unknown.value.details() or "")
         # Still serving, and the rejected message left no trace: its ack at (15, 0) would hold the min time.
-        send(stub, [report(0, 20), report(1, 20)])
+        send(stub, [pb.AckBatch(acks=[ack(12, 0, 5), ack(12, 0, 5)]), report(0, 20), report(1, 20)])
         assert read_until(watch, GlobalTime(20, 0))[-1] == GlobalTime(20, 0)
         watch.cancel()

@@ -124,3 +124,16 @@ def test_stamp_inputs_metas_are_distinct_and_monotonic_per_front(n: int, fronts:
 def test_stamp_inputs_rejects_bad_arguments(fronts: int, per_ms: int) -> None:
     with pytest.raises(ValueError, match=">= 1"):
         stamp_inputs(["a"], fronts=fronts, per_ms=per_ms)
+
+
+def test_covered_once_a_promise_passes_everything_stamped() -> None:
+    c = FrontClock(0)
+    assert c.covered()  # nothing stamped yet
+    c.report(10)
+    assert c.covered()
+    c.stamp(12)
+    assert not c.covered()
+    c.report(12)  # the same millisecond: items at 12 are not released by a promise of 12
+    assert not c.covered()
+    c.report(13)
+    assert c.covered()
