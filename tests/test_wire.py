@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import datetime
 import importlib.util
 import subprocess
 import sys
@@ -68,3 +70,23 @@ def test_payloads_are_json() -> None:
         codec.decode_payload(b"9" * 5000)  # beyond Python's int-from-string limit
     with pytest.raises(codec.PayloadError):
         codec.decode_payload(b"[" * 100_000 + b"]" * 100_000)  # nested too deep
+
+
+def test_payloads_that_are_not_plain_json_are_encoded_as_before() -> None:
+    """orjson writes plain JSON; the rest keeps ``json``'s rules (tuples as arrays, other types as their repr)."""
+    point = collections.namedtuple("point", "x y")
+    cases = {b'{"w":"\xd0\xbc","p":[1,2.5]}': {"w": "м", "p": (1, 2.5)}, b"[1,2]": point(1, 2),
+             b'{"1":"x"}': {1: "x"}, b'"{3}"': {3}, str(2**70).encode(): 2**70, b"null": float("nan"),
+             b'"datetime.date(2026, 11, 22)"': datetime.date(2026, 11, 22)}
+    for encoded, payload in cases.items():
+        assert codec.encode_payload(payload) == encoded
+
+
+def test_to_records_serializes_topic_records_and_drops_tombstone_payloads() -> None:
+    gt = GlobalTime(7, 1)
+    records = codec.to_records([({"a": 1}, gt, (0,), False), ({"a": 0}, gt, (1,), True)])
+    assert records[1] == (None, gt, (1,), True)
+    data, time, trace, tombstone = records[0]
+    assert (time, trace, tombstone) == (gt, (0,), False)
+    assert flamestream_pb2.Record.FromString(data) == flamestream_pb2.Record(
+        time=flamestream_pb2.GlobalTime(ts=7, front=1), payload=b'{"a":1}')
