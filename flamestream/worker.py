@@ -54,6 +54,9 @@ def front_envelopes(plan: Plan, layout: Layout, inputs: list[tuple[int, Item]]) 
     return per_worker
 
 
+_SINK, _LOCAL, _HASHED = range(3)
+
+
 class Worker:
     def __init__(self, plan: Plan, index: int, layout: Layout, cut: frozenset[int] = frozenset()) -> None:
         """``cut``: groupings whose input is set aside in ``self.cut_off`` instead of processed — batch replay
@@ -64,6 +67,11 @@ class Worker:
         self.index = index
         self.layout = layout
         self.lo, self.hi = layout.range_of(index)
+        self._first = [r[0] if r else -1 for r in plan.routes]
+        """Each operation's first (for all but broadcast: only) downstream operation."""
+        self._modes = [_SINK if kind == SINK else _LOCAL if plan.balances[i] is None else _HASHED
+                       for i, kind in enumerate(plan.kinds)]
+        """How items reach each operation: appended to the barrier list, pushed here, or routed by hash."""
         self.groupings: dict[int, Grouping] = {
             i: Grouping(plan.windows[i]) for i, kind in enumerate(plan.kinds) if kind == GROUPING
         }
@@ -84,6 +92,7 @@ class Worker:
         """
         plan = self.plan
         kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
+        equivalences, first, modes = plan.equivalences, self._first, self._modes
         groupings = self.groupings
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
@@ -91,6 +100,7 @@ class Worker:
         """Items in ``remote``."""
         stack = envelopes[::-1]
         lo, hi = self.lo, self.hi
+        outs: list[Item] | None
         while stack:
             op, h, item = stack.pop()
             kind = kinds[op]
@@ -100,14 +110,14 @@ class Worker:
             try:
                 if kind == MAP:
                     fn: Any = fns[op]
-                    targets = [(routes[op][0], [(p, gt, trace + (i,), tomb) for i, p in enumerate(fn(payload))])]
+                    outs = [(p, gt, trace + (i,), tomb) for i, p in enumerate(fn(payload))]
                 elif kind == GROUPING:
-                    eq = plan.equivalences[op]
-                    targets = [(routes[op][0], groupings[op].accept(h if eq is None else (h, eq(payload)), item))]
+                    eq = equivalences[op]
+                    outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
                 elif kind == MERGE:
-                    targets = [(routes[op][0], [(payload, gt, trace + (0,), tomb)])]
+                    outs = [(payload, gt, trace + (0,), tomb)]
                 elif kind == BROADCAST:
-                    targets = [(dst, [(payload, gt, trace + (i,), tomb)]) for i, dst in enumerate(routes[op])]
+                    outs = None
                 else:
                     if emits:
                         barrier.append(item)
@@ -116,16 +126,23 @@ class Worker:
                 if emits:
                     barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
                 continue
+            # The common case inline: one downstream operation (all but broadcast).
             local: list[Envelope] = []
-            for dst, outs in targets:
-                if not outs:
-                    continue
-                if kinds[dst] == SINK:
+            if outs is None:
+                for i, dst in enumerate(routes[op]):
+                    sent += self._route(dst, [(payload, gt, trace + (i,), tomb)], h, local, remote, barrier, copy,
+                                        emits)
+            elif not outs:
+                continue
+            else:
+                dst = first[op]
+                mode = modes[dst]
+                if mode == _LOCAL:
+                    carried = h if copy else None
+                    local = [(dst, carried, out) for out in outs]
+                elif mode == _SINK:
                     if emits:
                         barrier.extend(outs)
-                elif balances[dst] is None:
-                    carried = h if copy else None
-                    local.extend([(dst, carried, out) for out in outs])
                 else:
                     sent += self._route_hashed(dst, outs, local, remote, barrier, copy, emits)
             if local:
@@ -135,6 +152,20 @@ class Worker:
                 yield remote, barrier
                 remote, barrier, sent = {}, [], 0
         yield remote, barrier
+
+    def _route(self, dst: int, outs: list[Item], h: int | None, local: list[Envelope],
+               remote: dict[int, list[Envelope]], barrier: list[Item], copy: bool, emits: bool) -> int:
+        """Send ``outs`` to ``dst``: the barrier, this worker's stack, or by hash; returns how many went remote."""
+        mode = self._modes[dst]
+        if mode == _LOCAL:
+            carried = h if copy else None
+            local.extend([(dst, carried, out) for out in outs])
+        elif mode == _SINK:
+            if emits:
+                barrier.extend(outs)
+        else:
+            return self._route_hashed(dst, outs, local, remote, barrier, copy, emits)
+        return 0
 
     def _route_hashed(self, dst: int, items: list[Item], local: list[Envelope], remote: dict[int, list[Envelope]],
                       barrier: list[Item], copy: bool, emits: bool) -> int:
