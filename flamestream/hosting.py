@@ -150,7 +150,7 @@ class ClientStream(Generic[_M]):
     async def close(self) -> None:
         """Half-close and wait for the receiver's reply, so it sees a clean end of the stream."""
         call, self._call = self._call, None
-        if call is None:
+        if call is None or call.done():  # never opened, or already ended (a failed or cut-short write said so)
             return
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
             async with asyncio.timeout(CLOSE_TIMEOUT):

@@ -9,7 +9,7 @@ replay, exactly as on a real network; the output must still equal the oracle's.
 A worker step drains the heads of its input channels as one queue ordered by
 meta (the paper's prioritized queues).  Like a worker service, it ships its
 output in pieces as the core produces them (``Worker.run`` with a seeded
-flush size), and the scheduler may run other workers and the barrier between
+flush size of 1 to 256 items), and the scheduler may run other workers and the barrier between
 pieces; the step's receipt acks go last.  With ``adversarial=True`` every channel
 gets a speed drawn over three orders of magnitude and slow channels keep
 missing steps, so some paths lag far behind and replays/retractions pile up.
@@ -95,8 +95,23 @@ class LocalRuntime:
             pending[s[0]].append(s)
         channels: dict[Channel, deque[Batch]] = {}
         speed: dict[Channel, float] = {}
-        steps: dict[int, tuple[Iterator[Outbox], list[Batch]]] = {}
-        """Worker -> its step under way: the core's remaining pieces and the batches it took (acked at the end)."""
+        steps: dict[int, tuple[Outbox, Iterator[Outbox], list[Batch]]] = {}
+        """Worker -> its step under way: the next piece to deliver, the core's later pieces (computed one ahead,
+        so the last piece and the step's receipt acks go in one scheduler turn) and the batches it took."""
+
+        def advance(worker: int, piece: Outbox, pieces: Iterator[Outbox], batches: list[Batch]) -> None:
+            deliver(worker, *piece)
+            following = next(pieces, None)
+            if following is not None:
+                steps[worker] = (following, pieces, batches)
+                return
+            steps.pop(worker, None)
+            ack_receipts(batches)
+
+        def ack_receipts(batches: list[Batch]) -> None:
+            for _, acks in batches:
+                for gt, r in acks.items():
+                    acker.ack(gt, r)
 
         def send(channel: Channel, entries: list[Any], gt_of: Any) -> None:
             acks = {gt_of(e): rng.getrandbits(64) for e in entries}
@@ -147,15 +162,7 @@ class LocalRuntime:
                     acker.report(front, MAX_TIME.ts)
                     fronts_left.remove(front)
             elif choice in steps:
-                pieces, batches = steps[choice]
-                piece = next(pieces, None)
-                if piece is None:
-                    del steps[choice]
-                    for _, acks in batches:
-                        for gt, r in acks.items():
-                            acker.ack(gt, r)
-                else:
-                    deliver(choice, *piece)
+                advance(choice, *steps[choice])
             else:
                 # A worker (or barrier) drains the heads of its input channels as one prioritized queue;
                 # slow channels may miss the step, which is what reorders items across channels.
@@ -168,13 +175,12 @@ class LocalRuntime:
                 if len(batches) > 1:
                     entries.sort(key=item_meta if choice < 0 else envelope_meta)
                 if choice >= 0:
-                    steps[choice] = (workers[choice].run(entries, rng.randint(1, 16)), batches)
-                    continue
-                for item in entries:
-                    barrier.insert(item)
-                for _, acks in batches:
-                    for gt, r in acks.items():
-                        acker.ack(gt, r)
+                    pieces = workers[choice].run(entries, 2 ** rng.randint(0, 8))
+                    advance(choice, next(pieces), pieces, batches)
+                else:
+                    for item in entries:
+                        barrier.insert(item)
+                    ack_receipts(batches)
             min_time = acker.min_time()
             if min_time > released_to:
                 released_to = min_time

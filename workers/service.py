@@ -152,6 +152,9 @@ async def serve(args: argparse.Namespace) -> None:
     failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
     for task in [stopped, *tasks]:
         task.cancel()
+    # Let the cancellations land first: a step cancelled inside a write cancels that stream's call, and
+    # closing must see the call settled, not race it.
+    await asyncio.gather(stopped, *tasks, return_exceptions=True)
     await service.streams.close()
     await host.stop()
     if failed:
