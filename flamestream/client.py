@@ -50,6 +50,8 @@ ANONYMOUS = "~anon-"
 """Prefix of the internal producer ids of anonymous pushes (user producer ids may not use it)."""
 PUSH_BATCH = 500
 """Events per Push request: big enough to amortise the front's fsync, small enough to retry cheaply."""
+_QUEUED_MESSAGES = 4
+"""Barrier messages (up to 1000 records each) a consumer buffers before the subscriptions wait for it."""
 
 # FAILED_PRECONDITION is what a front answers until it has seen the first tick
 # (right after a deploy); UNAVAILABLE is a member that is restarting or gone.
@@ -439,8 +441,9 @@ class AsyncClient:
         self._group = group
         partitions = sorted(await self._barriers())
         starts = {p: await self.committed(group, p) if from_committed else 0 for p in partitions}
-        # Bounded: a slow consumer holds back the subscriptions instead of buffering without limit.
-        queue: asyncio.Queue[Record | ClientError] = asyncio.Queue(maxsize=4 * PUSH_BATCH)
+        # Bounded: a slow consumer holds back the subscriptions instead of buffering without limit.  Entries are
+        # the records of one barrier message (one queue operation per message, not per record).
+        queue: asyncio.Queue[list[Record] | ClientError] = asyncio.Queue(maxsize=_QUEUED_MESSAGES)
         tasks = [asyncio.create_task(self._follow(p, starts[p], queue)) for p in partitions]
         self._followers.update(tasks)
         try:
@@ -457,7 +460,7 @@ class AsyncClient:
                         if batch:
                             yield batch
                         raise item
-                    batch.append(item)
+                    batch.extend(item)
                 yield batch
         finally:
             for task in tasks:
@@ -465,7 +468,7 @@ class AsyncClient:
             await asyncio.gather(*tasks, return_exceptions=True)
             self._followers.difference_update(tasks)
 
-    async def _follow(self, partition: int, offset: int, queue: asyncio.Queue[Record | ClientError]) -> None:
+    async def _follow(self, partition: int, offset: int, queue: asyncio.Queue[list[Record] | ClientError]) -> None:
         """Feed one partition into ``queue``, resubscribing after the barrier's stream breaks.
 
         A stream can end because its barrier restarted; resubscribing from the
@@ -480,12 +483,16 @@ class AsyncClient:
                     _method("Barrier", "Subscribe"), request_serializer=pb.SubscribeRequest.SerializeToString,
                     response_deserializer=pb.RecordBatch.FromString)
                 async for batch in call(pb.SubscribeRequest(partition=partition, from_offset=offset)):
-                    for message in batch.records:
-                        record = Record(partition=message.partition, offset=message.offset,
-                                        time=GlobalTime(message.time.ts, message.time.front),
-                                        payload=decode_payload(message.payload))
-                        offset = record.offset + 1
-                        await queue.put(record)
+                    records: list[Record] = []
+                    try:
+                        for message in batch.records:
+                            records.append(Record(partition=message.partition, offset=message.offset,
+                                                  time=GlobalTime(message.time.ts, message.time.front),
+                                                  payload=decode_payload(message.payload)))
+                    finally:  # what decoded before a bad payload is still delivered, in order
+                        if records:
+                            offset = records[-1].offset + 1
+                            await queue.put(records)
                     failures, delay = 0, self.backoff
                 problem = f"the subscription to partition {partition} ended"
                 code: grpc.StatusCode | None = None
