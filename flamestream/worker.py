@@ -92,7 +92,7 @@ class Worker:
         """
         plan = self.plan
         kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
-        equivalences, first, modes = plan.equivalences, self._first, self._modes
+        equivalences, first = plan.equivalences, self._first
         groupings = self.groupings
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
@@ -126,25 +126,15 @@ class Worker:
                 if emits:
                     barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
                 continue
-            # The common case inline: one downstream operation (all but broadcast).
             local: list[Envelope] = []
-            if outs is None:
+            if outs is None:  # broadcast: a copy per output
                 for i, dst in enumerate(routes[op]):
                     sent += self._route(dst, [(payload, gt, trace + (i,), tomb)], h, local, remote, barrier, copy,
                                         emits)
             elif not outs:
                 continue
-            else:
-                dst = first[op]
-                mode = modes[dst]
-                if mode == _LOCAL:
-                    carried = h if copy else None
-                    local = [(dst, carried, out) for out in outs]
-                elif mode == _SINK:
-                    if emits:
-                        barrier.extend(outs)
-                else:
-                    sent += self._route_hashed(dst, outs, local, remote, barrier, copy, emits)
+            else:  # every other operation has one downstream operation
+                sent += self._route(first[op], outs, h, local, remote, barrier, copy, emits)
             if local:
                 local.reverse()
                 stack.extend(local)
