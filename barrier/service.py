@@ -57,8 +57,8 @@ class _Partition:
         self.log = SegmentedLog(directory)
         self.end = self.log.end_offset
         """Offset after the last record appended and fsynced, as known on the event loop."""
-        self._on_arrival = on_arrival
-        self.buffer: BarrierBuffer | ArrivalBuffer = ArrivalBuffer() if on_arrival else BarrierBuffer()
+        self._new_buffer: type[BarrierBuffer | ArrivalBuffer] = ArrivalBuffer if on_arrival else BarrierBuffer
+        self.buffer = self._new_buffer()
         self.released = 0
         self._retired = (0, 0)
         """(received, retractions) of the buffers earlier ticks dropped."""
@@ -74,7 +74,7 @@ class _Partition:
     def reset(self) -> None:
         """A fresh buffer for a new tick; its predecessor's counters stay in the stats."""
         self._retired = self.stats()[::2]
-        self.buffer = ArrivalBuffer() if self._on_arrival else BarrierBuffer()
+        self.buffer = self._new_buffer()
 
     def stats(self) -> tuple[int, int, int]:
         """(items received, records released, tombstones received) since the barrier started."""
