@@ -85,18 +85,14 @@ def _open_input_log(directory: Path) -> tuple[SegmentedLog, ProducerTable, int]:
     try:
         producers = ProducerTable()
         last_ts = -1
-        next_offset = 0
-        while records := log.read(next_offset):
-            for offset, data in records:
-                try:
-                    record = decode_record(data)
-                    last_ts = max(last_ts, record["ts"])
-                    if record["producer"]:  # "" = an anonymous event
-                        producers.admit(record["producer"], record["sequence"],
-                                        GlobalTime(record["ts"], record["front"]))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise LogError(f"{directory}: record {offset} is not a front record: {exc!r}") from exc
-            next_offset = records[-1][0] + 1
+        for offset, data in log.scan():
+            try:
+                record = decode_record(data)
+                last_ts = max(last_ts, record["ts"])
+                if record["producer"]:  # "" = an anonymous event
+                    producers.admit(record["producer"], record["sequence"], GlobalTime(record["ts"], record["front"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise LogError(f"{directory}: record {offset} is not a front record: {exc!r}") from exc
     except BaseException:
         log.close()
         raise
