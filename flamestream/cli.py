@@ -224,9 +224,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from flamestream.benchmark.suite import OURS_OFF, Options, run_suite
     from flamestream.benchmark.workloads import workload
 
-    missing = [module for module in ("bytewax", "pandas")
-               if ("bytewax" in args.peers if module == "bytewax" else "spark" in args.peers)
-               and importlib.util.find_spec(module) is None]
+    needs = {"bytewax": "bytewax", "spark": "pandas"}  # peer -> the module of the `peers` extra it runs on
+    missing = [module for peer, module in needs.items()
+               if peer in args.peers and importlib.util.find_spec(module) is None]
     if missing:
         raise UsageError(f"peer dependencies missing ({', '.join(missing)}): pip install 'flamestream[peers]', "
                          f"or leave those peers out with --peers")
