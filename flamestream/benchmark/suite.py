@@ -195,7 +195,7 @@ def _summary(entry: dict[str, Any]) -> str:
 
 
 def _comparisons(main: list[dict[str, Any]]) -> dict[str, float | None]:
-    """How many times lower each peer's p50 is than ours (>1: ours is faster), per guarantee level."""
+    """Each peer's p50 divided by ours (>1: ours is faster, by that factor), per guarantee level."""
     by_name = {entry["name"]: entry for entry in main}
     out: dict[str, float | None] = {}
     for ours in (OURS, OURS_OFF):
