@@ -38,7 +38,8 @@ def topic_records(data_dir: Path) -> list[Record]:
 
 def replay_records(spark: Any, parquet_dir: str) -> list[Record]:
     """Rows written by ``flamestream replay``."""
-    return [(GlobalTime(r.ts, r.front), json.loads(r.payload)) for r in spark.read.parquet(parquet_dir).collect()]
+    return [(GlobalTime(r.ts, r.front), decode_payload(r.payload.encode()))
+            for r in spark.read.parquet(parquet_dir).collect()]
 
 
 def _key(record: Record) -> tuple[GlobalTime, str]:
