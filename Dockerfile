@@ -1,5 +1,5 @@
-# One image for every FlameStream service (acker, workers, fronts, barrier) and the CLI; docker-compose.yml
-# picks the role with the command. ZooKeeper runs from the official `zookeeper` image instead.
+# One image for FlameStream nodes (`flamestream node` with the roles it hosts) and the CLI; docker-compose.yml
+# picks the roles with the command. ZooKeeper runs from the official `zookeeper` image instead.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -21,8 +21,9 @@ COPY acker acker
 COPY workers workers
 COPY fronts fronts
 COPY barrier barrier
-# The service packages are not part of the installed distribution: `python -m acker` finds them in the
-# working directory, /app, which is also where graph files such as examples/wordcount.py are resolved.
+# The service folders are linked into the namespace (flamestream/fronts -> ../fronts, ...), so the install
+# below copies them as flamestream.fronts etc.; /app is where graph files such as examples/wordcount.py
+# are resolved from.
 RUN pip install --no-deps .
 
 VOLUME ["/data"]

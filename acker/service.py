@@ -13,20 +13,23 @@ message is applied, and its min-time change published, without yielding.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
-from flamestream.acker import AckTable
-from flamestream.hosting import Host
-from flamestream.meta import GlobalTime
-from flamestream.tick import Tick
+from flamestream.core.acker import AckTable
+from flamestream.core.meta import GlobalTime
+from flamestream.core.tick import Tick
+from flamestream.runtime.channels import LocalEndpoints
+from flamestream.runtime.logs import role_logger
+from flamestream.runtime.supervision import Supervisor
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
+from flamestream.wire import transport
+
+log = role_logger("acker")
 
 AckContext = grpc.aio.ServicerContext[pb.AckBatch, pb.Empty]
 WatchContext = grpc.aio.ServicerContext[pb.Empty, pb.GlobalTime]
@@ -76,7 +79,7 @@ class AckerService(pb_grpc.AckerServicer):
     def deploy(self, tick: Tick) -> None:
         """Start tick ``tick`` with an empty table (see the module docstring on hand-over)."""
         if not tick.fronts:
-            print(f"acker: ignoring tick {tick.number}: it has no fronts", file=sys.stderr, flush=True)
+            log.error("ignoring tick %d: it has no fronts", tick.number)
             return
         self._table = AckTable(tick.fronts, start_ts=tick.start.ts)
         self._published = None
@@ -134,22 +137,28 @@ class AckerService(pb_grpc.AckerServicer):
             self._watchers.discard(watcher)
 
 
-async def _follow_ticks(host: Host, service: AckerService) -> None:
-    async for tick in host.ticks():
-        service.deploy(tick)
+class AckerRole:
+    """The acker as a role of a node (see ``flamestream.runtime.node``)."""
 
+    kind = "acker"
+    name = "acker"
 
-async def serve(args: argparse.Namespace) -> None:
-    """Run the acker until SIGTERM/SIGINT."""
-    host = Host("acker", args)
-    service = AckerService()
-    await host.start(lambda server: pb_grpc.add_AckerServicer_to_server(service, server))
-    follower = asyncio.create_task(_follow_ticks(host, service))
-    try:
-        await host.wait_stopped()
-    finally:
-        follower.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await follower
-        service.close()
-        await host.stop()
+    def __init__(self) -> None:
+        self.service = AckerService()
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+    def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
+        pb_grpc.add_AckerServicer_to_server(self.service, server)
+        local.streams[transport.ACK] = self.service.Ack
+        local.min_time = self.service.WatchMinTime
+
+    def start(self, supervisor: Supervisor) -> None:
+        """The acker has no task of its own: it works inside the calls of its senders and watchers."""
+
+    async def deploy(self, tick: Tick) -> None:
+        self.service.deploy(tick)
+
+    async def close(self) -> None:
+        self.service.close()

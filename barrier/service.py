@@ -19,23 +19,23 @@ tick's min time could not be trusted); the next tick reconnects.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from flamestream import codec, hosting
-from flamestream.barrier import ArrivalBuffer, BarrierBuffer, Released
 from flamestream.cluster import ClusterStore
-from flamestream.hosting import Host
-from flamestream.log import LogError, SegmentedLog
-from flamestream.meta import GlobalTime
-from flamestream.tick import Tick
+from flamestream.core.barrier import ArrivalBuffer, BarrierBuffer, Released
+from flamestream.core.meta import GlobalTime
+from flamestream.core.tick import Tick
+from flamestream.runtime import hosting
+from flamestream.runtime.channels import Channels, LocalEndpoints
+from flamestream.runtime.logs import role_logger
+from flamestream.runtime.supervision import Supervisor
+from flamestream.storage.log import LogError, SegmentedLog
+from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
 
@@ -95,57 +95,51 @@ class _AckerLink:
     long-lived ``Ack`` stream.  gRPC allows one pending write per call, and a
     write cancelled midway cancels the whole call, so ``Deliver`` handlers
     (which a client may cancel at any moment) must never write to it directly.
+    Both tasks run under the node's supervisor: if either stops, nothing more
+    is released until the next tick, and the barrier turns NOT_SERVING.
     """
 
-    def __init__(self, address: str, on_min_time: Callable[[GlobalTime], None]) -> None:
+    def __init__(self, address: str, on_min_time: Callable[[GlobalTime], None], local: LocalEndpoints,
+                 supervisor: Supervisor, role: str) -> None:
         self.address = address
         self.error: str | None = None
         """Why the ack stream broke, once it has."""
-        self._channel = hosting.channel(address)
-        stub = pb_grpc.AckerStub(self._channel)
+        self._channels = Channels(local)
         self._outbox: asyncio.Queue[pb.AckBatch] = asyncio.Queue()
-        # wait_for_ready: the acker may start after this barrier sees the tick.
-        acks: grpc.aio.StreamUnaryCall[pb.AckBatch, pb.Empty] = stub.Ack(wait_for_ready=True)
-        min_times: grpc.aio.UnaryStreamCall[pb.Empty, pb.GlobalTime] = stub.WatchMinTime(pb.Empty(),
-                                                                                          wait_for_ready=True)
-        self._tasks = (asyncio.create_task(self._send(acks)), asyncio.create_task(self._watch(min_times, on_min_time)))
+        self._tasks = (supervisor.spawn(role, f"ack stream to acker {address}", self._send()),
+                       supervisor.spawn(role, f"min-time watch on acker {address}", self._watch(on_min_time)))
 
     def send(self, batch: pb.AckBatch) -> None:
         """Queue receipt acks; never blocks, so a cancelled ``Deliver`` cannot lose or split them."""
         self._outbox.put_nowait(batch)
 
-    async def _send(self, call: grpc.aio.StreamUnaryCall[pb.AckBatch, pb.Empty]) -> None:
+    async def _send(self) -> None:
+        stream = self._channels.stream(self.address, transport.ACK, f"acker at {self.address}")
         try:
             while True:
-                await call.write(await self._outbox.get())
-        except grpc.aio.AioRpcError as exc:
-            self.error = f"ack stream to acker {self.address} failed: {exc.code().name}: {exc.details()}"
-        except asyncio.InvalidStateError:  # the call had already ended
-            code, details = await call.code(), await call.details()
-            self.error = f"ack stream to acker {self.address} failed: {code.name}: {details}"
-        print(f"barrier: {self.error}", file=sys.stderr, flush=True)
+                await stream.write(await self._outbox.get())
+        except hosting.StreamBroken as exc:
+            self.error = str(exc)
+            raise
 
-    async def _watch(self, call: grpc.aio.UnaryStreamCall[pb.Empty, pb.GlobalTime],
-                     on_min_time: Callable[[GlobalTime], None]) -> None:
-        try:
-            async for min_time in call:
-                on_min_time(GlobalTime(min_time.ts, min_time.front))
-            reason = "the acker ended the stream"
-        except grpc.aio.AioRpcError as exc:
-            reason = f"{exc.code().name}: {exc.details()}"
-        print(f"barrier: min-time watch on acker {self.address} stopped ({reason}); nothing more is released "
-              f"until the next tick", file=sys.stderr, flush=True)
+    async def _watch(self, on_min_time: Callable[[GlobalTime], None]) -> None:
+        async for min_time in self._channels.watch_min_time(self.address):
+            on_min_time(GlobalTime(min_time.ts, min_time.front))
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._channel.close()
+        await self._channels.close()
 
 
 class BarrierService(pb_grpc.BarrierServicer):
-    def __init__(self, store: ClusterStore, partitions: dict[int, _Partition], on_arrival: bool = False) -> None:
+    def __init__(self, store: ClusterStore, partitions: dict[int, _Partition], local: LocalEndpoints,
+                 on_arrival: bool = False, name: str = "barrier") -> None:
         self._store = store
+        self._local = local
+        self.name = name
+        self.supervisor: Supervisor | None = None
         self._on_arrival = on_arrival
         """Guarantees off: release on arrival, without the min time (see ArrivalBuffer)."""
         self._partitions = partitions
@@ -156,20 +150,20 @@ class BarrierService(pb_grpc.BarrierServicer):
         self._closing = False
         self._stopping = False
         self._deployed = asyncio.Event()
-        self.releasing = asyncio.create_task(self._release_forever())
-        """The release task; it only ends early if appending to a topic log fails."""
 
     # -- lifecycle ---------------------------------------------------------------
 
     async def deploy(self, tick: Tick) -> None:
         if not tick.acker:
-            print(f"barrier: ignoring tick {tick.number}: it names no acker", file=sys.stderr, flush=True)
+            role_logger(self.name).error("ignoring tick %d: it names no acker", tick.number)
             return
+        assert self.supervisor is not None, "start() comes before the first tick"
         # Everything up to the swap happens without yielding, so no Deliver sees a half-applied tick.
         for partition in self._partitions.values():
             partition.reset()
         self._min_time = None
-        previous, self._link = self._link, _AckerLink(tick.acker, self._advance)
+        previous, self._link = self._link, _AckerLink(tick.acker, self._advance, self._local, self.supervisor,
+                                                      self.name)
         self._deployed.set()
         if previous is not None:
             await previous.close()
@@ -181,18 +175,17 @@ class BarrierService(pb_grpc.BarrierServicer):
             partition.wake()
 
     async def shutdown(self) -> None:
-        """Let a running append finish, then drop the acker; re-raises the release task's failure, if any."""
+        """Drop the acker link and end the release loop (the node waited for a running append to finish)."""
         self._stopping = True
         self._min_changed.set()
         if self._link is not None:
             await self._link.close()
-        await self.releasing
 
     def _advance(self, min_time: GlobalTime) -> None:
         self._min_time = min_time
         self._min_changed.set()
 
-    async def _release_forever(self) -> None:
+    async def release_forever(self) -> None:
         """Release below the newest min time, partition by partition.
 
         One task does every append, so a log never has two writers at once and
@@ -326,30 +319,51 @@ def _open_partitions(data_dir: Path, numbers: tuple[int, ...], on_arrival: bool)
     return partitions
 
 
-async def _follow_ticks(host: Host, service: BarrierService) -> None:
-    async for tick in host.ticks():
-        await service.deploy(tick)
+class BarrierRole:
+    """A barrier owning ``partitions`` as a role of a node (see ``flamestream.runtime.node``)."""
 
+    kind = "barrier"
 
-async def serve(args: argparse.Namespace) -> None:
-    """Run the barrier until SIGTERM/SIGINT (or until its topic cannot be written, which is fatal)."""
-    on_arrival = args.release == "on-arrival"
-    partitions = _open_partitions(args.data_dir, args.partitions, on_arrival)
-    try:
-        host = Host("barrier", args)
-        service = BarrierService(host.store, partitions, on_arrival)
-        await host.start(lambda server: pb_grpc.add_BarrierServicer_to_server(service, server),
-                         info={"partitions": sorted(partitions)})
-        follower = asyncio.create_task(_follow_ticks(host, service))
-        stopped = asyncio.create_task(host.wait_stopped())
-        await asyncio.wait({stopped, service.releasing}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (follower, stopped):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        service.close()
-        await host.stop()
-        await service.shutdown()
-    finally:
-        for partition in partitions.values():
-            partition.log.close()
+    def __init__(self, store: ClusterStore, data_dir: Path, partitions: tuple[int, ...],
+                 on_arrival: bool = False) -> None:
+        self.name = f"barrier{partitions[0]}"
+        self._store = store
+        self._partitions = _open_partitions(data_dir, partitions, on_arrival)
+        self._on_arrival = on_arrival
+        self.service: BarrierService | None = None
+        self._releasing: asyncio.Task[None] | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"partitions": sorted(self._partitions)}
+
+    def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
+        self.service = BarrierService(self._store, self._partitions, local, self._on_arrival, self.name)
+        pb_grpc.add_BarrierServicer_to_server(self.service, server)
+        local.streams[transport.DELIVER] = self.service.Deliver
+
+    def start(self, supervisor: Supervisor) -> None:
+        assert self.service is not None
+        self.service.supervisor = supervisor
+        # Supervised through a shield: stopping the node must not cancel an append running in a thread (``close``
+        # lets it finish); a topic that cannot be written is fatal.
+        releasing = self._releasing = asyncio.create_task(self.service.release_forever())
+
+        async def release_loop() -> None:
+            await asyncio.shield(releasing)
+
+        supervisor.spawn(self.name, "release loop", release_loop(), essential=True)
+
+    async def deploy(self, tick: Tick) -> None:
+        assert self.service is not None
+        await self.service.deploy(tick)
+
+    async def close(self) -> None:
+        try:
+            if self.service is not None:
+                self.service.close()
+                await self.service.shutdown()
+            if self._releasing is not None:
+                await asyncio.gather(self._releasing, return_exceptions=True)
+        finally:
+            for partition in self._partitions.values():
+                partition.log.close()

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples import wordcount
 from flamestream import LocalRuntime, run_oracle
-from flamestream.front import stamp_inputs
+from flamestream.core.front import stamp_inputs
 
 
 def zipf_corpus(lines: int, vocabulary: int, words_per_line: int, seed: int) -> list[str]:

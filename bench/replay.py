@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from examples import inverted_index  # noqa: E402
 from flamestream import LocalRuntime  # noqa: E402
-from flamestream.front import stamp_inputs  # noqa: E402
-from flamestream.replay import replay, spark_session  # noqa: E402
+from flamestream.core.front import stamp_inputs  # noqa: E402
+from flamestream.spark.replay import replay, spark_session  # noqa: E402
 
 PAGES = ROOT.parent / "shared" / "data" / "wiki_football_ru.xml"
 

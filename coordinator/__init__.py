@@ -1,5 +1,5 @@
 """Coordinator-side services: the ZooKeeper server that holds the cluster layout."""
 
-from coordinator.zookeeper import ZooKeeperError, ZooKeeperServer
+from flamestream.coordinator.zookeeper import ZooKeeperError, ZooKeeperServer
 
 __all__ = ["ZooKeeperError", "ZooKeeperServer"]

@@ -1,4 +1,4 @@
-"""``python -m coordinator zookeeper --data-dir DIR [--port P]``.
+"""``python -m flamestream.coordinator zookeeper --data-dir DIR [--port P]``.
 
 Runs a private ZooKeeper server in the foreground so scripts and other
 processes can share one coordination store.  The ``zookeeper HOST:PORT`` line
@@ -17,7 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from coordinator.zookeeper import ZooKeeperError, ZooKeeperServer
+from flamestream.coordinator.zookeeper import ZooKeeperError, ZooKeeperServer
+from flamestream.runtime import logs
+
+log = logs.role_logger("coordinator")
 
 
 def _port(text: str) -> int:
@@ -31,7 +34,8 @@ def _port(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m coordinator", description="FlameStream coordinator services")
+    parser = argparse.ArgumentParser(prog="python -m flamestream.coordinator",
+                                     description="FlameStream coordinator services")
     commands = parser.add_subparsers(dest="command", required=True)
     zookeeper = commands.add_parser("zookeeper", help="run a standalone ZooKeeper server in the foreground")
     zookeeper.add_argument("--data-dir", type=Path, required=True, help="directory for zoo.cfg, data and logs")
@@ -54,14 +58,14 @@ def run_zookeeper(data_dir: Path, port: int | None) -> int:
     try:
         server.start()
     except (ZooKeeperError, OSError) as err:  # OSError: data_dir cannot be created or written
-        print(f"error: {err}", file=sys.stderr)
+        log.error("error: %s", err)
         return 1
     try:
         if not stop.is_set():
             print(f"zookeeper {server.address}", flush=True)
         while not stop.wait(0.5):
             if not server.running:
-                print(f"error: ZooKeeper at {server.address} exited unexpectedly\n{server.log_tail()}", file=sys.stderr)
+                log.error("error: ZooKeeper at %s exited unexpectedly\n%s", server.address, server.log_tail())
                 return 1
     finally:
         server.stop()
@@ -70,6 +74,7 @@ def run_zookeeper(data_dir: Path, port: int | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    logs.configure("zookeeper")
     return run_zookeeper(args.data_dir, args.port)
 
 

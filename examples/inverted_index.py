@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from flamestream import Graph
-from flamestream.hashing import stable_hash
+from flamestream.core.hashing import stable_hash
 
 WORD = re.compile(r"\w+")
 STRESS_MARK = "\u0301"

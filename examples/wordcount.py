@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from flamestream import Graph
-from flamestream.hashing import stable_hash
+from flamestream.core.hashing import stable_hash
 
 WORD = re.compile(r"\w+")
 

@@ -16,23 +16,30 @@ a cluster that is not running or fails a request exits with code 1.
 from __future__ import annotations
 
 import argparse
+import codecs
+import io
+import itertools
 import json
+import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flamestream import cluster_process
+from flamestream import roles
 from flamestream.client import Client, ClientError, PushResult, Record
 from flamestream.cluster import ClusterStore
-from flamestream.functions import FunctionRefError
-from flamestream.graph import GraphError
-from flamestream.heap import tune_gc
+from flamestream.core.functions import FunctionRefError
+from flamestream.core.graph import GraphError
+from flamestream.core.local import LocalRuntime
+from flamestream.core.oracle import run_oracle
 from flamestream.loader import load_graph, read_inputs
-from flamestream.local import LocalRuntime
-from flamestream.oracle import run_oracle
+from flamestream.runtime import launcher
+from flamestream.runtime.heap import tune_gc
 
 
 def to_json(payload: Any) -> str:
@@ -111,8 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start a local cluster in the background")
     up.set_defaults(handler=cmd_up)
-    up.add_argument("--workers", type=positive, default=2, help="worker processes, default 2")
-    up.add_argument("--fronts", type=positive, default=1, help="front processes (and barriers, one each), default 1")
+    up.add_argument("--nodes", type=positive, default=2,
+                    help="node processes, default 2: node N runs worker N; node 0 also the front, its barrier and "
+                         "the acker")
+    up.add_argument("--fronts", type=positive, default=1,
+                    help="fronts (at most one per node; front F and its barrier run on node F), default 1")
+    up.add_argument("--placement", choices=launcher.PLACEMENTS, default="nodes",
+                    help="nodes (default): roles share --nodes processes and talk in-process; separate: one process "
+                         "per role (slower; kept for comparison)")
+    up.add_argument("--log-format", choices=("text", "json"), default="text",
+                    help="the nodes' logs (DIR/logs/<node>.log): text (default) or json lines")
     up.add_argument("--guarantees", choices=("exactly-once", "off"), default="exactly-once",
                     help="exactly-once (default) or off: barriers release on arrival, for benchmarks against peers "
                          "without exactly-once")
@@ -120,8 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"state, logs and cluster.json of the cluster (default {DEFAULT_DATA_DIR})")
     up.add_argument("--zookeeper", metavar="HOST:PORT", help="use this ZooKeeper instead of starting one")
     up.add_argument("--cluster", type=cluster_name, default="default", help="cluster name, default 'default'")
-    up.add_argument("--timeout", type=seconds, default=cluster_process.DEFAULT_TIMEOUT,
-                    help=f"seconds to wait for everything to serve, default {cluster_process.DEFAULT_TIMEOUT:g}")
+    up.add_argument("--timeout", type=seconds, default=launcher.DEFAULT_TIMEOUT,
+                    help=f"seconds to wait for everything to serve, default {launcher.DEFAULT_TIMEOUT:g}")
+
+    node = sub.add_parser("node", help="run one node process hosting the given roles (what `up` starts)",
+                          description="Run one node: a process hosting any combination of roles (workers, fronts, "
+                                      "barrier partitions, the acker) behind one gRPC server.")
+    node.set_defaults(handler=cmd_node)
+    roles.add_role_arguments(node)
 
     down = sub.add_parser("down", help="stop the cluster started by `up`")
     down.set_defaults(handler=cmd_down)
@@ -139,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--json", action="store_true",
                       help="parse each line as JSON (blank lines are skipped) instead of pushing it as a string")
     push.add_argument("--producer", help="idempotent producer id: pushing the same input again admits nothing twice")
-    push.add_argument("--rate", type=float, help="events per second, one per request (default: as fast as possible)")
+    push.add_argument("--rate", type=rate, help="events per second, one per request (default: as fast as possible)")
     add_cluster_arguments(push)
 
     consume = sub.add_parser("consume", help="print released records as JSON lines, committing as it goes")
@@ -188,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--guarantees", choices=("exactly-once", "off", "both"), default="both",
                        help="run flamestream exactly-once, with guarantees off (barrier releases on arrival), or "
                             "both (default)")
+    bench.add_argument("--placement", choices=("nodes", "separate", "both"), default="nodes",
+                       help="flamestream's processes: nodes (default; co-located roles), separate (a process per "
+                            "role), or both, side by side")
     bench.add_argument("--sweep", type=rate_list, default=[],
                        help="more rates to run, comma-separated: yields each system's max sustainable rate "
                             "(highest rate with p99 < 100 ms)")
@@ -207,7 +231,7 @@ def rate_list(text: str) -> list[float]:
 
 
 def peer_list(text: str) -> list[str]:
-    from flamestream.benchmark.systems import PEERS
+    from flamestream.bench.systems import PEERS
 
     if text == "none":
         return []
@@ -221,8 +245,8 @@ def peer_list(text: str) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from flamestream.benchmark.suite import OURS_OFF, Options, run_suite
-    from flamestream.benchmark.workloads import workload
+    from flamestream.bench.suite import OURS_OFF, Options, run_suite
+    from flamestream.bench.workloads import workload
 
     needs = {"bytewax": "bytewax", "spark": "pandas"}  # peer -> the module of the `peers` extra it runs on
     missing = [module for peer, module in needs.items()
@@ -235,7 +259,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
     options = Options(workload=args.workload, rate=args.rate or chosen.default_rate, duration=args.duration,
-                      workers=args.workers, peers=args.peers, guarantees=args.guarantees, sweep=args.sweep,
+                      workers=args.workers, peers=args.peers, guarantees=args.guarantees, placement=args.placement,
+                      sweep=args.sweep,
                       throughput=args.throughput, rounds=args.rounds, seed=args.seed, out=Path(args.out),
                       drain_timeout=args.drain_timeout)
     directory = run_suite(options, say=lambda line: print(line, file=sys.stderr, flush=True))
@@ -274,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from flamestream.input_log import read_input_logs
-    from flamestream.replay import ReplayError, replay, spark_session, to_parquet
+    from flamestream.spark.replay import ReplayError, replay, spark_session, to_parquet
+    from flamestream.storage.input_log import read_input_logs
 
     graph, _module = load_graph(args.graph)
     source = Path(args.input_log)
@@ -297,8 +322,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    from flamestream.replay import spark_session
-    from flamestream.spark_source import start_parquet_sink
+    from flamestream.spark.replay import spark_session
+    from flamestream.spark.source import start_parquet_sink
 
     if not Path(args.topic).is_dir():
         raise UsageError(f"--topic {args.topic!r} is not a directory")
@@ -315,8 +340,8 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from flamestream.audit import audit, replay_records, topic_records
-    from flamestream.replay import spark_session
+    from flamestream.spark.audit import audit, replay_records, topic_records
+    from flamestream.spark.replay import spark_session
 
     topic_dir, replay_dir = Path(args.topic), Path(args.replay)
     for flag, path in (("--topic", topic_dir), ("--replay", replay_dir)):
@@ -339,7 +364,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tune_gc()
     out = sys.stdout
     if args.oracle:
-        from flamestream.front import stamp_inputs
+        from flamestream.core.front import stamp_inputs
 
         released, rejected = run_oracle(graph, stamp_inputs(events, args.fronts))
         for _gt, payload in released:
@@ -363,49 +388,62 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     try:
-        existing = cluster_process.load_state(data_dir)
+        existing = launcher.load_state(data_dir)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if existing is not None:
-        alive = cluster_process.alive_processes(existing)
+        alive = launcher.alive_processes(existing)
         if alive:
             names = ", ".join(f"{p.name} (pid {p.pid})" for p in alive)
             raise UsageError(f"a cluster is already running in {data_dir}: {names}; "
                              f"stop it first with `flamestream down --data-dir {args.data_dir}`")
-        cluster_process.state_path(data_dir).unlink()
+        launcher.state_path(data_dir).unlink()
         print(f"flamestream: removed the record of an earlier cluster in {data_dir}: none of its processes is "
               "running", file=sys.stderr)
-    options = cluster_process.UpOptions(data_dir=data_dir, workers=args.workers, fronts=args.fronts,
-                                        zookeeper=args.zookeeper, cluster=args.cluster, timeout=args.timeout,
-                                        exactly_once=args.guarantees == "exactly-once")
+    options = launcher.UpOptions(data_dir=data_dir, nodes=args.nodes, fronts=args.fronts,
+                                 placement=args.placement, log_format=args.log_format, zookeeper=args.zookeeper,
+                                 cluster=args.cluster, timeout=args.timeout,
+                                 exactly_once=args.guarantees == "exactly-once")
     try:
-        state = cluster_process.start_cluster(options)
-    except cluster_process.StartError as exc:
+        launcher.plan_nodes(options.nodes, options.fronts, options.placement)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        state = launcher.start_cluster(options)
+    except launcher.StartError as exc:
         print(f"flamestream: error: {exc.component} failed to start: {exc.reason}; stopped everything started",
               file=sys.stderr)
-        if exc.log is not None:
-            print(f"--- last lines of {exc.log} ---\n{cluster_process.log_tail(exc.log)}", file=sys.stderr)
+        for log in exc.logs:
+            print(f"--- last lines of {log} ---\n{launcher.log_tail(log)}", file=sys.stderr)
         return 1
-    print(cluster_process.format_endpoints(state.endpoints()), flush=True)
-    print(f"flamestream: cluster {state.cluster!r} is up; logs in {data_dir / cluster_process.LOG_DIR}; "
+    print(launcher.format_endpoints(state.endpoints()), flush=True)
+    print(f"flamestream: cluster {state.cluster!r} is up; logs in {data_dir / launcher.LOG_DIR}; "
           f"stop it with `flamestream down --data-dir {args.data_dir}`", file=sys.stderr)
     return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    try:
+        roles.check(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return roles.main(args)
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     try:
-        state = cluster_process.load_state(data_dir)
+        state = launcher.load_state(data_dir)
     except ValueError as exc:
         raise NotRunning(str(exc)) from None
     if state is None:
         print(f"flamestream: no cluster is recorded in {data_dir}; nothing to stop", file=sys.stderr)
         return 0
     try:
-        busy = cluster_process.stop_cluster(state)
-    except cluster_process.StopError as exc:
-        raise NotRunning(f"{exc}; {cluster_process.state_path(data_dir)} is kept") from None
-    cluster_process.state_path(data_dir).unlink(missing_ok=True)
+        busy = launcher.stop_cluster(state)
+    except launcher.StopError as exc:
+        raise NotRunning(f"{exc}; {launcher.state_path(data_dir)} is kept") from None
+    launcher.state_path(data_dir).unlink(missing_ok=True)
     print(f"flamestream: stopped cluster {state.cluster!r} ({len(state.processes)} processes)", file=sys.stderr)
     if busy:
         print(f"flamestream: warning: now used by other processes: {', '.join(busy)}", file=sys.stderr)
@@ -417,15 +455,15 @@ def cluster_address(args: argparse.Namespace) -> tuple[str, str]:
     if args.zookeeper is not None:
         return args.zookeeper, args.cluster or "default"
     data_dir = Path(args.data_dir or DEFAULT_DATA_DIR).resolve()
-    path = cluster_process.state_path(data_dir)
+    path = launcher.state_path(data_dir)
     try:
-        state = cluster_process.load_state(data_dir)
+        state = launcher.load_state(data_dir)
     except ValueError as exc:
         raise NotRunning(str(exc)) from None
     if state is None:
         raise NotRunning(f"no cluster is running: {path} does not exist (start one with `flamestream up`, "
                          "or pass --zookeeper HOST:PORT)")
-    if not cluster_process.alive_processes(state):
+    if not launcher.alive_processes(state):
         raise NotRunning(f"the cluster recorded in {path} is not running any more; clean up with "
                          "`flamestream down` and start it again with `flamestream up`")
     return state.zookeeper, state.cluster
@@ -440,59 +478,133 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_events(path: str, as_json: bool) -> list[Any]:
-    """Every event of the input, all checked before anything is pushed, so a bad line pushes nothing."""
-    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
-    with stream:
-        lines = [line.rstrip("\n") for line in stream]
-    if not as_json:
-        return lines
+READ_SIZE = 1 << 20
+"""Bytes read from the input at once at most: from a pipe a read returns only what has been written so far."""
+
+
+def read_lines(path: str) -> Iterator[list[str]]:
+    """The input's lines (without their newline), in batches of those that arrived together, as they arrive.
+
+    Each read takes only what is there, so ``tail -f log | flamestream push``
+    sees every line as soon as it is written, while a burst or a file still
+    comes in large batches.  Lines are split as Python reads text: a file as
+    UTF-8 with universal newlines (``\\r\\n`` and ``\\r`` end lines too),
+    stdin in its own encoding at ``\\n`` only.
+    """
+    if path == "-":
+        source = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)  # noqa: SIM115
+        encoding, errors = sys.stdin.encoding, sys.stdin.errors or "strict"
+    else:
+        source = open(path, "rb", buffering=0)  # noqa: SIM115
+        encoding, errors = "utf-8", "strict"
+    decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder(encoding)(errors), translate=path != "-")
+    pending = ""  # the start of a line whose newline has not arrived yet
+    with source:
+        while chunk := source.read(READ_SIZE):
+            *lines, pending = (pending + decoder.decode(chunk)).split("\n")
+            if lines:
+                yield lines
+    *lines, pending = (pending + decoder.decode(b"", final=True)).split("\n")
+    if pending:  # the last line had no newline
+        lines.append(pending)
+    if lines:
+        yield lines
+
+
+def read_events(path: str, as_json: bool) -> Iterator[tuple[int, list[Any]]]:
+    """(number of its last line, events) of each batch of ``read_lines``, checked whole before it is yielded.
+
+    So a bad line stops the push with nothing of its batch pushed, only the
+    batches before it (none, when the input was written at once).
+    """
+    where = "stdin" if path == "-" else path
+    number = 0
+    for lines in read_lines(path):
+        events = json_events(lines, number + 1, where) if as_json else lines
+        number += len(lines)
+        yield number, events
+
+
+def json_events(lines: list[str], first: int, where: str) -> list[Any]:
+    """The JSON value of each line but the blank ones; ``first`` is the number of the first line."""
     events = []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(lines, first):
         if not line.strip():
             continue
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise UsageError(f"{'stdin' if path == '-' else path} line {number} is not valid JSON "
-                             f"({exc.msg} at column {exc.colno}); nothing was pushed") from None
+            raise UsageError(f"{where} line {number} is not valid JSON ({exc.msg} at column {exc.colno})") from None
     return events
 
 
+@dataclass
+class Pushed:
+    """What a push has delivered so far: its summary, and how far it got when it fails."""
+
+    events: int = 0
+    duplicates: int = 0
+    lines: int = 0
+    """Input lines (blank ones included) whose events have all been pushed."""
+
+    def add(self, result: PushResult) -> None:
+        self.events += result.events
+        self.duplicates += result.duplicates
+
+
 def cmd_push(args: argparse.Namespace) -> int:
-    events = read_events(args.file, args.json)
-    zookeeper, cluster = cluster_address(args)
-    if args.rate is not None and args.rate <= 0:
-        raise UsageError(f"--rate must be > 0, got {args.rate}")
-    with Client(zookeeper, cluster) as client:
-        try:
-            if args.rate is None:
-                result = client.push(events, producer=args.producer)
-            else:
-                result = paced_push(client, events, args.producer, args.rate)
-        except ClientError as exc:
-            if exc.pushed:
-                hint = " (push the same input with the same --producer to add the rest exactly once)"
-                exc.args = (f"{exc}; {exc.pushed} of {len(events)} events were pushed before the failure"
-                            f"{hint if args.producer else ''}",)
-            raise
-    print(f"pushed {result.events} events ({result.duplicates} duplicates)", file=sys.stderr)
+    """Push each batch of lines as soon as it is read, so a live source (a pipe that stays open) is delivered live.
+
+    With ``--producer`` the client numbers the events across the batches, so
+    the sequences are those of one push of the whole input.
+    """
+    batches = read_events(args.file, args.json)
+    pushed = Pushed()
+    pacer = None if args.rate is None else Pacer(args.rate)
+    try:
+        # The first batch is read before the cluster is looked up: bad input is reported as such, cluster or not.
+        first = next(batches, None)
+        zookeeper, cluster = cluster_address(args)
+        with Client(zookeeper, cluster) as client:
+            for lines, events in batches if first is None else itertools.chain([first], batches):
+                if pacer is None:
+                    pushed.add(client.push(events, producer=args.producer))
+                else:
+                    arrived = time.monotonic()
+                    for event in events:
+                        pacer.wait(arrived)
+                        pushed.add(client.push([event], producer=args.producer))
+                pushed.lines = lines
+    except UsageError as exc:  # a bad line
+        after = f" after line {pushed.lines}" if pushed.lines else ""
+        exc.args = (f"{exc}; nothing{after} was pushed",)
+        raise
+    except ClientError as exc:
+        done = pushed.events + exc.pushed
+        if done:
+            hint = " (push the same input with the same --producer to add the rest exactly once)"
+            exc.args = (f"{exc}; {done} events were pushed before the failure{hint if args.producer else ''}",)
+        raise
+    print(f"pushed {pushed.events} events ({pushed.duplicates} duplicates)", file=sys.stderr)
     return 0
 
 
-def paced_push(client: Client, events: list[Any], producer: str | None, rate: float) -> PushResult:
-    """One event per request at ``rate`` events/s: the shape of a live source rather than a bulk load."""
-    start = time.monotonic()
-    results = []
-    for i, event in enumerate(events):
-        time.sleep(max(0.0, start + i / rate - time.monotonic()))
-        try:
-            results.append(client.push([event], producer=producer))
-        except ClientError as exc:
-            exc.pushed += i
-            raise
-    return PushResult(events=sum(r.events for r in results), duplicates=sum(r.duplicates for r in results),
-                      times=tuple(t for r in results for t in r.times))
+class Pacer:
+    """``--rate``: events ``1 / rate`` seconds apart, one per request, the shape of a live source.
+
+    An event is due the later of ``1 / rate`` after the previous one and when
+    it was read: time lost pushing is caught up (events read in advance keep
+    their schedule), but input that stalled is not followed by a burst.
+    """
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1 / rate
+        self.due = -math.inf
+
+    def wait(self, arrived: float) -> None:
+        """Sleep until the next event, read at ``arrived`` (``time.monotonic``), is due."""
+        self.due = max(self.due + self.interval, arrived)
+        time.sleep(max(0.0, self.due - time.monotonic()))
 
 
 def record_view(record: Record, meta: bool) -> Any:

@@ -34,15 +34,14 @@ from typing import Any, TypeVar
 import grpc
 from kazoo.exceptions import KazooException  # type: ignore[import-untyped]
 
-from flamestream import cluster_process as roles
-from flamestream.cluster import ClusterStore
-from flamestream.codec import PayloadError, decode_payload, encode_payload
-from flamestream.graph import Graph
-from flamestream.hashing import stable_hash
-from flamestream.hosting import channel as open_channel
-from flamestream.meta import GlobalTime
-from flamestream.tick import Layout, Tick
+from flamestream.cluster import ACKER, BARRIER, FRONT, WORKER, ClusterStore
+from flamestream.core.graph import Graph
+from flamestream.core.hashing import stable_hash
+from flamestream.core.meta import GlobalTime
+from flamestream.core.payload import PayloadError, decode_payload, encode_payload
+from flamestream.core.tick import Layout, Tick
 from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire.transport import channel as open_channel
 
 T = TypeVar("T")
 
@@ -52,6 +51,8 @@ PUSH_BATCH = 500
 """Events per Push request: big enough to amortise the front's fsync, small enough to retry cheaply."""
 _QUEUED_MESSAGES = 4
 """Barrier messages (up to 1000 records each) a consumer buffers before the subscriptions wait for it."""
+_MAX_DELAY = 2.0
+"""Seconds between retries at most: a restarted member is noticed within this long of coming back."""
 
 # FAILED_PRECONDITION is what a front answers until it has seen the first tick
 # (right after a deploy); UNAVAILABLE is a member that is restarting or gone.
@@ -134,6 +135,35 @@ def _numbered(role: str, members: dict[str, dict[str, Any]], key: str) -> list[t
     """(number registered under ``key``, address) of every member, sorted: workers by index, fronts by id."""
     return sorted((int(_field(role, name, info, key)), str(_field(role, name, info, "address")))
                   for name, info in members.items())
+
+
+class _Backoff:
+    """The waits between attempts of one operation: doubling from ``first`` up to ``_MAX_DELAY``, ``retries`` at most.
+
+    Shared by the request retries and the resubscriptions of ``consume`` so
+    both ride out a restarting member alike; ``reset`` starts over after
+    progress, so only consecutive failures count.
+    """
+
+    def __init__(self, first: float, retries: int) -> None:
+        self.first = first
+        self.retries = retries
+        self.reset()
+
+    def reset(self) -> None:
+        self.failures = 0
+        self.delay = self.first
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the latest failure is one too many: give up instead of sleeping."""
+        return self.failures >= self.retries
+
+    async def sleep(self) -> None:
+        """Count a failure and wait before the next attempt."""
+        self.failures += 1
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, _MAX_DELAY)
 
 
 class AsyncClient:
@@ -236,18 +266,18 @@ class AsyncClient:
         raise _Unresolved(f"front {front} is not registered in cluster {self.cluster!r} (restarting?)")
 
     async def _fronts(self) -> list[tuple[int, str]]:
-        members = await self.members(roles.FRONT)
+        members = await self.members(FRONT)
         if not members:
             raise _Unresolved(f"no front is registered in cluster {self.cluster!r} at {self.zookeeper}")
-        return _numbered(roles.FRONT, members, "id")
+        return _numbered(FRONT, members, "id")
 
     async def _barriers(self) -> dict[int, str]:
         """Barrier address by partition."""
-        members = await self.members(roles.BARRIER)
+        members = await self.members(BARRIER)
         owners: dict[int, str] = {}
         for name, info in members.items():
-            address = str(_field(roles.BARRIER, name, info, "address"))
-            for partition in _field(roles.BARRIER, name, info, "partitions"):
+            address = str(_field(BARRIER, name, info, "address"))
+            for partition in _field(BARRIER, name, info, "partitions"):
                 owners[int(partition)] = address
         if not owners:
             raise _Unresolved(f"no barrier is registered in cluster {self.cluster!r} at {self.zookeeper}")
@@ -266,24 +296,21 @@ class AsyncClient:
 
     async def _retry(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()`` until it succeeds, retrying retryable statuses with exponential backoff."""
-        delay = self.backoff
-        failures = 0
+        backoff = _Backoff(self.backoff, self.retries)
         while True:
             try:
                 return await attempt()
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or ""
-                if code not in _RETRYABLE or failures >= self.retries:
+                if code not in _RETRYABLE or backoff.exhausted:
                     raise ClientError(f"{what} failed: {code.name}: {details}", code, details) from None
                 if code is grpc.StatusCode.UNAVAILABLE:
                     self._forget_members()
             except _Unresolved:
-                if failures >= self.retries:
+                if backoff.exhausted:
                     raise
                 self._forget_members()
-            failures += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await backoff.sleep()
 
     # -- deploy --------------------------------------------------------------------------------------------
 
@@ -295,15 +322,15 @@ class AsyncClient:
         Members are re-read so the tick reflects the cluster as it is now.
         """
         self._forget_members()
-        ackers = await self.members(roles.ACKER)
-        workers = await self.members(roles.WORKER)
+        ackers = await self.members(ACKER)
+        workers = await self.members(WORKER)
         fronts = await self._fronts()
         barriers = await self._barriers()
         if len(ackers) != 1:
             raise ClientError(f"need exactly one acker in cluster {self.cluster!r}, found {sorted(ackers)}")
         if not workers:
             raise ClientError(f"no worker is registered in cluster {self.cluster!r}")
-        by_index = _numbered(roles.WORKER, workers, "index")
+        by_index = _numbered(WORKER, workers, "index")
         if [index for index, _ in by_index] != list(range(len(by_index))):
             raise ClientError(f"worker indexes must be 0..{len(by_index) - 1}, found {[i for i, _ in by_index]}")
         uncovered = [front for front, _ in fronts if front not in barriers]
@@ -313,7 +340,7 @@ class AsyncClient:
         tick = Tick(number=0, start=GlobalTime(time.time_ns() // 1_000_000, 0), graph=graph.to_dict(),
                     layout=Layout.even(len(by_index)), workers=tuple(address for _, address in by_index),
                     fronts=tuple(front for front, _ in fronts),
-                    acker=str(_field(roles.ACKER, acker_name, acker_info, "address")),
+                    acker=str(_field(ACKER, acker_name, acker_info, "address")),
                     barriers=tuple(sorted(barriers.items())))
         return await self._in_zookeeper("publishing the tick", lambda store: store.publish_tick(tick.to_dict()))
 
@@ -475,8 +502,7 @@ class AsyncClient:
         next unseen offset loses and repeats nothing.  Only consecutive failures
         count against ``retries``.
         """
-        failures = 0
-        delay = self.backoff
+        backoff = _Backoff(self.backoff, self.retries)
         while True:
             try:
                 call = self._channel(await self._barrier_of(partition)).unary_stream(
@@ -493,7 +519,7 @@ class AsyncClient:
                         if records:
                             offset = records[-1].offset + 1
                             await queue.put(records)
-                    failures, delay = 0, self.backoff
+                    backoff.reset()
                 problem = f"the subscription to partition {partition} ended"
                 code: grpc.StatusCode | None = None
             except grpc.aio.AioRpcError as exc:
@@ -509,12 +535,10 @@ class AsyncClient:
             except (ClientError, PayloadError) as exc:
                 await queue.put(exc if isinstance(exc, ClientError) else ClientError(f"partition {partition}: {exc}"))
                 return
-            failures += 1
-            if failures > self.retries:
+            if backoff.exhausted:
                 await queue.put(ClientError(problem, code))
                 return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await backoff.sleep()
 
 
 class Client:

@@ -11,7 +11,7 @@ itself once its session expires.  Ticks are ZooKeeper sequential nodes: the
 server assigns the numbers, so concurrent publishers can never pick the same
 one, and the zero-padded names sort in publication order.  Several clusters can
 share one ZooKeeper ensemble because everything lives under the cluster's own
-prefix.  Tick contents are opaque JSON here; ``flamestream.tick`` gives them
+prefix.  Tick contents are opaque JSON here; ``flamestream.core.tick`` gives them
 meaning.
 """
 
@@ -29,6 +29,13 @@ from kazoo.client import KazooClient  # type: ignore[import-untyped]
 from kazoo.exceptions import NodeExistsError, NoNodeError  # type: ignore[import-untyped]
 
 log = logging.getLogger(__name__)
+
+ACKER = "acker"
+WORKER = "worker"
+FRONT = "front"
+BARRIER = "barrier"
+SERVICE_ROLES = (ACKER, WORKER, FRONT, BARRIER)
+"""Member roles in ZooKeeper (``members/<role>/<name>``), in start order."""
 
 TickCallback = Callable[[int, dict[str, Any]], None]
 

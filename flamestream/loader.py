@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from flamestream.graph import Graph, GraphError
+from flamestream.core.graph import Graph, GraphError
 
 
 def import_graph_module(path: str) -> tuple[ModuleType, str]:

@@ -1,12 +1,13 @@
-"""The front service: where events enter the stream (paper §2.1, §3.1.1, §3.3).
+"""The front role: where events enter the stream (paper §2.1, §3.1.1, §3.3).
 
-``python -m fronts --zookeeper HOST:PORT --id F --data-dir DIR`` runs front F.
-Clients call ``Front.Push``; for each batch of events the front
+``flamestream node --zookeeper HOST:PORT --front F --data-dir DIR`` hosts front
+F (``FrontRole`` in ``service.py``), alongside whatever other roles the node
+has.  Clients call ``Front.Push``; for each batch of events the front
 
 1. validates the whole request (size, JSON payload, the entry operation's
    balancing function) so a bad event admits nothing;
 2. stamps every new event with a global time ``(ms, F)`` and the initial trace
-   ``(seq,)`` (``flamestream.front.FrontClock``);
+   ``(seq,)`` (``flamestream.core.front.FrontClock``);
 3. sends the XOR of the send acks of all the batches it is about to emit to the
    acker, *before* anything else: a report promising a later time must never
    reach the acker ahead of the acks it depends on;
@@ -15,7 +16,8 @@ Clients call ``Front.Push``; for each batch of events the front
    Spark replay and recovery read it from there);
 5. sends each worker the envelopes whose entry hash it owns, on one long-lived
    ``Worker.Exchange`` stream per worker (FIFO, so a worker sees this front's
-   items in increasing meta order);
+   items in increasing meta order; in-process when the worker is on the same
+   node, gRPC otherwise);
 6. replies with the global time of every event.
 
 Every few milliseconds it reports to the acker the timestamp below which it will
@@ -23,12 +25,13 @@ never stamp again.  Pushes and reports share one lock, so a report is always
 written after the acks of everything stamped before it.
 
 Producers may make retries idempotent by setting ``producer`` and an increasing
-``sequence``; ``fronts.producers.ProducerTable`` remembers what was admitted,
-and is rebuilt from the input log when the front restarts.
+``sequence``; ``flamestream.fronts.producers.ProducerTable`` remembers what was
+admitted, and is rebuilt from the input log when the front restarts.
 
 The deployment comes from the latest tick in ZooKeeper: the graph, the workers
 and their hash ranges, the acker.  A stream that breaks makes the front refuse
 pushes and stop reporting until the next tick: messages after a lost one are
 lost too (one stream is one ordered connection), so continuing on a fresh
-stream could let a report overtake acks the acker never received.
+stream could let a report overtake acks the acker never received.  If the input
+log fails and cannot be reopened, the node stops with exit code 1.
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from flamestream.meta import GlobalTime
+from flamestream.core.meta import GlobalTime
 
 REMEMBER = 10_000
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,19 +11,24 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from flamestream import codec, hosting
-from flamestream.front import FrontClock
-from flamestream.graph import Graph
-from flamestream.hashing import INT32_MAX, INT32_MIN
-from flamestream.input_log import decode_record, encode_record, front_log_dir
-from flamestream.log import LogError, SegmentedLog
-from flamestream.meta import GlobalTime, Trace
-from flamestream.plan import Plan, compile_graph
-from flamestream.tick import Tick
+from flamestream.core import payload as payloads
+from flamestream.core.front import FrontClock
+from flamestream.core.graph import Graph
+from flamestream.core.hashing import INT32_MAX, INT32_MIN
+from flamestream.core.meta import GlobalTime, Trace
+from flamestream.core.plan import Plan, compile_graph
+from flamestream.core.tick import Tick
+from flamestream.core.worker import front_envelopes
+from flamestream.fronts.producers import ProducerTable
+from flamestream.runtime import hosting
+from flamestream.runtime.channels import Channels, LocalEndpoints, Stream
+from flamestream.runtime.logs import role_logger
+from flamestream.runtime.supervision import Supervisor
+from flamestream.storage.input_log import decode_record, encode_record, front_log_dir
+from flamestream.storage.log import LogError, SegmentedLog
+from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from flamestream.worker import front_envelopes
-from fronts.producers import ProducerTable
 
 ROLE = "front"
 NO_GRAPH = "no graph deployed; run `flamestream deploy`"
@@ -38,27 +41,20 @@ def _now_ms() -> int:
 class _Route:
     """What one tick deploys for this front: the compiled graph and the streams to its workers and acker."""
 
-    def __init__(self, tick: Tick, plan: Plan) -> None:
+    def __init__(self, tick: Tick, plan: Plan, local: LocalEndpoints) -> None:
         self.tick = tick
         self.plan = plan
         self.balance = plan.entry_balance
         self.broken: str | None = None
         """Why pushes are refused until the next tick, once a stream has broken."""
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self.workers = [hosting.ClientStream[pb.ItemBatch](self._channel(address), hosting.EXCHANGE,
-                                                           f"worker {i} at {address}")
-                        for i, address in enumerate(tick.workers)]
-        self.acker = hosting.ClientStream[pb.AckBatch](self._channel(tick.acker), hosting.ACK, f"acker at {tick.acker}")
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        if address not in self._channels:
-            self._channels[address] = hosting.channel(address)
-        return self._channels[address]
+        self._channels = Channels(local)
+        self.workers: list[Stream[pb.ItemBatch]] = [
+            self._channels.stream(address, transport.EXCHANGE, f"worker {i} at {address}")
+            for i, address in enumerate(tick.workers)]
+        self.acker: Stream[pb.AckBatch] = self._channels.stream(tick.acker, transport.ACK, f"acker at {tick.acker}")
 
     async def close(self) -> None:
-        await asyncio.gather(self.acker.close(), *(stream.close() for stream in self.workers))
-        for channel in self._channels.values():
-            await channel.close()
+        await self._channels.close()
 
 
 class _Fresh(NamedTuple):
@@ -122,8 +118,10 @@ def _write_promise(path: Path, ts: int) -> None:
 
 class FrontService(rpc.FrontServicer):
     def __init__(self, front_id: int, log: SegmentedLog, producers: ProducerTable, last_ts: int,
-                 max_event_bytes: int, promise_file: Path) -> None:
+                 max_event_bytes: int, promise_file: Path, local: LocalEndpoints) -> None:
         self.front_id = front_id
+        self.local = local
+        self.logger = role_logger(f"front{front_id}")
         self.max_event_bytes = max_event_bytes
         self.failed = asyncio.Event()
         """Set when the front can no longer keep its promises (the input log cannot be reopened)."""
@@ -145,13 +143,11 @@ class FrontService(rpc.FrontServicer):
         self._reports: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, front_id: int, data_dir: Path, max_event_bytes: int) -> FrontService:
+    async def open(cls, front_id: int, data_dir: Path, max_event_bytes: int, local: LocalEndpoints) -> FrontService:
         directory = front_log_dir(data_dir, front_id)
         log, producers, last_ts = await asyncio.to_thread(_open_input_log, directory)
-        return cls(front_id, log, producers, last_ts, max_event_bytes, directory.parent / f"promise-{front_id}")
-
-    def register(self, server: grpc.aio.Server) -> None:
-        rpc.add_FrontServicer_to_server(self, server)
+        return cls(front_id, log, producers, last_ts, max_event_bytes, directory.parent / f"promise-{front_id}",
+                   local)
 
     # -- deployment ---------------------------------------------------------------
 
@@ -169,9 +165,9 @@ class FrontService(rpc.FrontServicer):
             except Exception as exc:  # the graph's own modules may raise anything on import
                 refusal = f"tick {tick.number}: cannot load the graph: {exc}"
             else:
-                route, refusal = _Route(tick, plan), ""
+                route, refusal = _Route(tick, plan, self.local), ""
         if route is None:
-            print(f"front {self.front_id}: {refusal}", file=sys.stderr, flush=True)
+            self.logger.error("%s", refusal)
         async with self._lock:
             old, self._route, self._refusal = self._route, route, refusal
             if route is not None:
@@ -182,7 +178,7 @@ class FrontService(rpc.FrontServicer):
     def _break(self, route: _Route, exc: hosting.StreamBroken) -> None:
         if route.broken is None:
             route.broken = f"{exc}; waiting for a new tick"
-            print(f"front {self.front_id}: {route.broken}", file=sys.stderr, flush=True)
+            self.logger.error("%s", route.broken)
 
     # -- pushes ------------------------------------------------------------------
 
@@ -223,8 +219,8 @@ class FrontService(rpc.FrontServicer):
                                 f"event {i}: {size} bytes exceeds the limit of {self.max_event_bytes} "
                                 "(--max-event-bytes)")
             try:
-                payload = codec.decode_payload(event.payload)
-            except codec.PayloadError as exc:
+                payload = payloads.decode_payload(event.payload)
+            except payloads.PayloadError as exc:
                 raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"event {i}: {exc}") from None
             try:
                 h = route.balance(payload)
@@ -352,8 +348,8 @@ class FrontService(rpc.FrontServicer):
 
     # -- reports -----------------------------------------------------------------
 
-    def start_reports(self, interval: float) -> None:
-        self._reports = asyncio.create_task(self._report_forever(interval))
+    def start_reports(self, interval: float, supervisor: Supervisor) -> None:
+        self._reports = supervisor.spawn(f"front{self.front_id}", "reports", self._report_forever(interval))
 
     async def _report_forever(self, interval: float) -> None:
         """Promise the acker every ``interval`` that nothing older will come.
@@ -396,28 +392,46 @@ class FrontService(rpc.FrontServicer):
         self._log.close()
 
 
-async def serve(args: argparse.Namespace) -> None:
-    try:
-        service = await FrontService.open(args.id, args.data_dir, args.max_event_bytes)
-    except (OSError, LogError) as exc:
-        raise SystemExit(f"front {args.id}: cannot open the input log: {exc}") from None
-    host = hosting.Host(ROLE, args)
-    tasks: list[asyncio.Task[Any]] = []
+class FrontFailed(Exception):
+    """The front can no longer keep its promises."""
 
-    async def follow_ticks() -> None:
-        async for tick in host.ticks():
-            await service.deploy(tick)
 
-    try:
-        await host.start(service.register, {"id": args.id})
-        service.start_reports(args.report_interval_ms / 1000)
-        tasks = [asyncio.create_task(follow_ticks()), asyncio.create_task(host.wait_stopped()),
-                 asyncio.create_task(service.failed.wait())]
-        await asyncio.wait(tasks[1:], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await host.stop()
-        await service.close()
-    if service.failed.is_set():
-        raise SystemExit(f"front {args.id}: {service.failure}")
+class FrontRole:
+    """Front ``front_id`` as a role of a node (see ``flamestream.runtime.node``)."""
+
+    kind = ROLE
+
+    def __init__(self, service: FrontService, report_interval_ms: int) -> None:
+        self.service = service
+        self.name = f"front{service.front_id}"
+        self._report_interval = report_interval_ms / 1000
+
+    @classmethod
+    async def open(cls, front_id: int, data_dir: Path, local: LocalEndpoints, *, report_interval_ms: int = 5,
+                   max_event_bytes: int = 1 << 20) -> FrontRole:
+        """Open (and replay) the front's input log; exits naming the log if it cannot."""
+        try:
+            service = await FrontService.open(front_id, data_dir, max_event_bytes, local)
+        except (OSError, LogError) as exc:
+            raise SystemExit(f"front {front_id}: cannot open the input log: {exc}") from None
+        return cls(service, report_interval_ms)
+
+    def info(self) -> dict[str, Any]:
+        return {"id": self.service.front_id}
+
+    def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
+        rpc.add_FrontServicer_to_server(self.service, server)
+
+    def start(self, supervisor: Supervisor) -> None:
+        self.service.start_reports(self._report_interval, supervisor)
+        supervisor.spawn(self.name, "input log", self._watch_log(), essential=True)
+
+    async def _watch_log(self) -> None:
+        await self.service.failed.wait()
+        raise FrontFailed(self.service.failure)
+
+    async def deploy(self, tick: Tick) -> None:
+        await self.service.deploy(tick)
+
+    async def close(self) -> None:
+        await self.service.close()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.zookeeper import ZooKeeperServer
+from flamestream.coordinator.zookeeper import ZooKeeperServer
 
 _clusters = itertools.count()
 
@@ -34,7 +34,7 @@ def cluster_name() -> str:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local[2] SparkSession for every Spark test: start-up costs seconds."""
-    from flamestream.replay import spark_session
+    from flamestream.spark.replay import spark_session
 
     session = spark_session("local[2]", "flamestream-tests")
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flamestream.hashing import stable_hash
+from flamestream.core.hashing import stable_hash
 
 NOT_CALLABLE = 42
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flamestream.acker import AckTable
-from flamestream.meta import GlobalTime
+from flamestream.core.acker import AckTable
+from flamestream.core.meta import GlobalTime
 
 
 def test_needs_a_front() -> None:

@@ -20,8 +20,8 @@ import pytest
 
 from examples import wordcount
 from flamestream.cluster import ClusterStore
-from flamestream.meta import GlobalTime
-from flamestream.tick import Layout, Tick
+from flamestream.core.meta import GlobalTime
+from flamestream.core.tick import Layout, Tick
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
 
@@ -38,18 +38,19 @@ class Service:
 
 
 @contextlib.contextmanager
-def running(module: str, args: list[str], stderr_path: Path) -> Iterator[Service]:
-    """Run ``python -m module args`` until its ``ready`` line; on exit SIGTERM it and require exit code 0."""
+def running(name: str, args: list[str], stderr_path: Path) -> Iterator[Service]:
+    """Run ``flamestream node --name name args`` until its ``ready`` line; on exit SIGTERM it and require exit
+    code 0."""
     with stderr_path.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE,
-                                   stderr=stderr, text=True)
+        process = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--name", name, *args], cwd=REPO,
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True)
         assert process.stdout is not None
         try:
             ready, _, _ = select.select([process.stdout], [], [], 30.0)
             line = process.stdout.readline() if ready else ""
-            assert line.startswith(f"ready {module} "), \
-                f"{module} printed {line!r} instead of a ready line:\n{stderr_path.read_text()}"
-            yield Service(process, line.split()[3])
+            assert line.startswith(f"ready {name} "), \
+                f"{name} printed {line!r} instead of a ready line:\n{stderr_path.read_text()}"
+            yield Service(process, line.split()[2])
         finally:
             if process.poll() is None:
                 process.terminate()
@@ -58,7 +59,7 @@ def running(module: str, args: list[str], stderr_path: Path) -> Iterator[Service
             except subprocess.TimeoutExpired:
                 process.kill()
                 code = process.wait()
-    assert code == 0, f"{module} exited with {code}:\n{stderr_path.read_text()}"
+    assert code == 0, f"{name} exited with {code}:\n{stderr_path.read_text()}"
 
 
 def publish_tick(zookeeper: str, cluster: str, *, fronts: tuple[int, ...], start_ts: int, acker: str,
@@ -93,7 +94,7 @@ def read_until(watch: Iterator[pb.GlobalTime], target: GlobalTime) -> list[Globa
 
 
 def test_min_time_follows_acks_and_reports(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
-    args = ["--zookeeper", zookeeper, "--cluster", cluster_name]
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name, "--acker"]
     with running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel:
         stub = pb_grpc.AckerStub(channel)
         # A sender that saw the tick first: its acks wait for the acker's tick instead of being lost.
@@ -136,7 +137,7 @@ def test_min_time_follows_acks_and_reports(zookeeper: str, cluster_name: str, tm
 
 def test_slow_watcher_skips_to_the_latest_and_holds_back_no_one(zookeeper: str, cluster_name: str,
                                                                 tmp_path: Path) -> None:
-    args = ["--zookeeper", zookeeper, "--cluster", cluster_name]
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name, "--acker"]
     # A tiny flow-control window (and no window growth) makes the slow watcher's stream block after a few values.
     tiny_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
     with (running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel,
@@ -158,7 +159,7 @@ def test_slow_watcher_skips_to_the_latest_and_holds_back_no_one(zookeeper: str, 
 
 def test_bad_reports_are_rejected_and_the_acker_keeps_serving(zookeeper: str, cluster_name: str,
                                                               tmp_path: Path) -> None:
-    args = ["--zookeeper", zookeeper, "--cluster", cluster_name]
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name, "--acker"]
     with running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel:
         stub = pb_grpc.AckerStub(channel)
         publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=10, acker=acker.address)

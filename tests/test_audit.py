@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from flamestream.audit import audit, topic_records
 from flamestream.client import Client
-from flamestream.log import SegmentedLog
-from flamestream.meta import GlobalTime
+from flamestream.core.meta import GlobalTime
+from flamestream.spark.audit import audit, topic_records
+from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def copy_topic_with_one_change(source: Path, target: Path) -> str:
 def test_stream_topic_audits_equal_to_replay_and_a_corrupted_record_is_shown(
         tmp_path: Path, zookeeper: str, cluster_name: str) -> None:
     data = tmp_path / "cluster"
-    up = flamestream("up", "--workers", "2", "--fronts", "2", "--data-dir", str(data), "--zookeeper", zookeeper,
+    up = flamestream("up", "--nodes", "2", "--fronts", "2", "--data-dir", str(data), "--zookeeper", zookeeper,
                      "--cluster", cluster_name)
     assert up.returncode == 0, up.stderr
     try:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flamestream.barrier import ArrivalBuffer, BarrierBuffer
-from flamestream.meta import CHILD_BITS, MAX_TIME, GlobalTime, Meta, Trace, invalidates
+from flamestream.core.barrier import ArrivalBuffer, BarrierBuffer
+from flamestream.core.meta import CHILD_BITS, MAX_TIME, GlobalTime, Meta, Trace, invalidates
 
 G1 = GlobalTime(1, 0)
 G2 = GlobalTime(1, 1)

@@ -20,9 +20,10 @@ from typing import Any
 import grpc
 import pytest
 
-from flamestream import codec
-from flamestream.item import Item
-from flamestream.meta import GlobalTime
+from flamestream.core import payload as payloads
+from flamestream.core.item import Item
+from flamestream.core.meta import GlobalTime
+from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
 from tests.test_acker_service import RPC_TIMEOUT, Service, publish_tick, read_until, running
@@ -85,7 +86,7 @@ def fake_acker() -> Iterator[tuple[FakeAcker, str]]:
 @contextlib.contextmanager
 def barrier_process(zookeeper: str, cluster: str, data_dir: Path, stderr_path: Path,
                     partitions: str = "0,1") -> Iterator[tuple[Service, pb_grpc.BarrierStub]]:
-    args = ["--zookeeper", zookeeper, "--cluster", cluster, "--partitions", partitions, "--data-dir", str(data_dir)]
+    args = ["--zookeeper", zookeeper, "--cluster", cluster, "--barrier", partitions, "--data-dir", str(data_dir)]
     with running("barrier", args, stderr_path) as barrier, grpc.insecure_channel(barrier.address) as channel:
         yield barrier, pb_grpc.BarrierStub(channel)
 
@@ -105,7 +106,7 @@ def records(stream: Iterator[pb.Record], count: int) -> list[tuple[int, int, Glo
     for _ in range(count):
         record = next(stream)
         out.append((record.partition, record.offset, GlobalTime(record.time.ts, record.time.front),
-                    codec.decode_payload(record.payload)))
+                    payloads.decode_payload(record.payload)))
     return out
 
 
@@ -265,8 +266,9 @@ def test_topic_survives_a_restart(zookeeper: str, cluster_name: str, tmp_path: P
 
 def test_with_the_real_acker_items_wait_for_their_receipt_ack(zookeeper: str, cluster_name: str,
                                                              tmp_path: Path) -> None:
-    common = ["--zookeeper", zookeeper, "--cluster", cluster_name]
-    with (running("acker", common, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel,
+    acker_args = ["--zookeeper", zookeeper, "--cluster", cluster_name, "--acker"]
+    with (running("acker", acker_args, tmp_path / "acker.err") as acker,
+          grpc.insecure_channel(acker.address) as channel,
           barrier_process(zookeeper, cluster_name, tmp_path / "data", tmp_path / "barrier.err",
                           partitions="0") as (barrier, stub)):
         acker_stub = pb_grpc.AckerStub(channel)

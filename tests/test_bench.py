@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from flamestream.benchmark.runner import latency_figures, percentile
-from flamestream.benchmark.suite import _comparisons
-from flamestream.benchmark.workloads import InvertedIndex, PageProgress, Wordcount, WordcountProgress
+from flamestream.bench.runner import latency_figures, percentile
+from flamestream.bench.suite import _comparisons
+from flamestream.bench.workloads import InvertedIndex, PageProgress, Wordcount, WordcountProgress
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flamestream.benchmark.harness import RunSpec
-from flamestream.benchmark.runner import run
+from flamestream.bench.harness import RunSpec
+from flamestream.bench.runner import run
 
 pytest.importorskip("bytewax")
 

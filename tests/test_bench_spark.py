@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from flamestream.benchmark.harness import RunSpec
-from flamestream.benchmark.runner import run
+from flamestream.bench.harness import RunSpec
+from flamestream.bench.runner import run
 
 
 @pytest.mark.slow

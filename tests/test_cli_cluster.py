@@ -27,12 +27,12 @@ from typing import Any
 import grpc
 import pytest
 
-from flamestream import cluster_process
 from flamestream.client import ANONYMOUS, PUSH_BATCH, AsyncClient, Client, ClientError, Record
 from flamestream.cluster import ClusterStore
-from flamestream.hashing import stable_hash
-from flamestream.meta import GlobalTime
-from flamestream.tick import Layout, Tick
+from flamestream.core.hashing import stable_hash
+from flamestream.core.meta import GlobalTime
+from flamestream.core.tick import Layout, Tick
+from flamestream.runtime import launcher
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from tests.loopback import start_server
@@ -178,7 +178,8 @@ def add_barrier(servers: AioServers, store: ClusterStore, barrier: FakeBarrier) 
 
 def test_usage_errors_exit_2_with_a_message(tmp_path: Path) -> None:
     cases = {
-        ("up", "--workers", "0"): "must be >= 1",
+        ("up", "--nodes", "0"): "must be >= 1",
+        ("up", "--nodes", "1", "--fronts", "2"): "2 fronts need at least 2 nodes",
         ("up", "--cluster", "a/b"): "must not contain '/'",
         ("up", "--timeout", "0"): "must be > 0",
         ("push", "--cluster", "x"): "--cluster needs --zookeeper",
@@ -227,19 +228,19 @@ def test_deploy_of_a_bad_graph_exits_2(tmp_path: Path) -> None:
 # -- the state file: refusing a second up, cleaning up with down ---------------------------------------------------
 
 
-def record(role: str, name: str, pid: int, address: str = "") -> cluster_process.ProcessRecord:
-    return cluster_process.ProcessRecord(role=role, name=name, pid=pid, started=cluster_process.start_time(pid),
+def record(role: str, name: str, pid: int, address: str = "") -> launcher.ProcessRecord:
+    return launcher.ProcessRecord(role=role, name=name, pid=pid, started=launcher.start_time(pid),
                                          log="", address=address)
 
 
 def test_up_refuses_while_the_recorded_cluster_runs(tmp_path: Path) -> None:
-    state = cluster_process.ClusterState("default", "127.0.0.1:1", own_zookeeper=False,
+    state = launcher.ClusterState("default", "127.0.0.1:1", own_zookeeper=False,
                                          processes=[record("acker", "acker", os.getpid())])
-    cluster_process.save_state(tmp_path, state)
+    launcher.save_state(tmp_path, state)
     done = flamestream("up", "--data-dir", str(tmp_path))
     assert done.returncode == 2, done.stderr
     assert "already running" in done.stderr and f"acker (pid {os.getpid()})" in done.stderr
-    assert cluster_process.load_state(tmp_path) == state  # untouched
+    assert launcher.load_state(tmp_path) == state  # untouched
 
 
 def test_down_stops_recorded_processes_and_frees_their_ports(tmp_path: Path) -> None:
@@ -251,16 +252,16 @@ def test_down_stops_recorded_processes_and_frees_their_ports(tmp_path: Path) -> 
         addresses = [f"127.0.0.1:{proc.stdout.readline().strip()}" for proc in procs if proc.stdout]
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
-        state = cluster_process.ClusterState(
+        state = launcher.ClusterState(
             "default", addresses[1], own_zookeeper=True,
             processes=[record("zookeeper", "zookeeper", procs[1].pid, addresses[1]),
                        record("worker", "worker0", procs[0].pid, addresses[0]),
                        record("worker", "worker1", gone.pid)])
-        cluster_process.save_state(tmp_path, state)
+        launcher.save_state(tmp_path, state)
         done = flamestream("down", "--data-dir", str(tmp_path))
         assert done.returncode == 0, done.stderr
         assert [proc.wait(timeout=5) for proc in procs] == [-signal.SIGTERM, -signal.SIGTERM]
-        assert not cluster_process.state_path(tmp_path).exists()
+        assert not launcher.state_path(tmp_path).exists()
         assert all(port_free(address) for address in addresses)
     finally:
         for proc in procs:
@@ -280,14 +281,14 @@ def test_down_kills_what_ignores_sigterm_and_what_it_started(tmp_path: Path) -> 
     helper = int(proc.stdout.readline()) if proc.stdout else 0
     try:
         worker = record("worker", "worker0", proc.pid)
-        worker.helpers = [(helper, cluster_process.start_time(helper))]
-        cluster_process.save_state(tmp_path, cluster_process.ClusterState("default", "127.0.0.1:1", False, [worker]))
+        worker.helpers = [(helper, launcher.start_time(helper))]
+        launcher.save_state(tmp_path, launcher.ClusterState("default", "127.0.0.1:1", False, [worker]))
         started = time.monotonic()
         done = flamestream("down", "--data-dir", str(tmp_path))
         assert done.returncode == 0, done.stderr
-        assert time.monotonic() - started >= cluster_process.SERVICE_GRACE  # SIGTERM was given its chance
+        assert time.monotonic() - started >= launcher.SERVICE_GRACE  # SIGTERM was given its chance
         assert proc.wait(timeout=5) == -signal.SIGKILL
-        assert not cluster_process.is_alive(helper, None)
+        assert not launcher.is_alive(helper, None)
     finally:
         for pid in (proc.pid, helper):
             with contextlib.suppress(ProcessLookupError):
@@ -470,16 +471,18 @@ def test_consume_merges_partitions_and_commit_stores_the_next_offset(
 # -- launching processes -------------------------------------------------------------------------------------
 
 
-def shadow_services(data: Path, behaviour: dict[str, str]) -> None:
-    """Put fake service packages in the data directory, which `up` runs the services from.
+def shadow_nodes(data: Path, behaviour: dict[str, str]) -> None:
+    """Put a fake ``flamestream`` package in the data directory, which `up` runs the nodes from.
 
-    ``python -m`` looks in the working directory first, so these replace the
-    real packages for this cluster only.
+    ``python -m flamestream node`` looks in the working directory first, so it
+    replaces the real package for this cluster's nodes only; each node runs
+    the code given for its ``--name``.
     """
-    for module, code in behaviour.items():
-        (data / module).mkdir(parents=True, exist_ok=True)
-        (data / module / "__init__.py").write_text("")
-        (data / module / "__main__.py").write_text(code)
+    package = data / "flamestream"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(
+        f"import sys\nBEHAVIOUR = {behaviour!r}\nexec(BEHAVIOUR[sys.argv[sys.argv.index('--name') + 1]])\n")
 
 
 SLEEP = "import time\ntime.sleep(600)\n"
@@ -488,22 +491,21 @@ SLEEP = "import time\ntime.sleep(600)\n"
 @pytest.mark.slow
 def test_up_reports_a_crashing_component_and_leaves_nothing_running(tmp_path: Path) -> None:
     data = tmp_path / "cluster"
-    shadow_services(data, {"acker": "import sys\nprint('acker: boom', flush=True)\nsys.exit(3)\n",
-                           "workers": SLEEP, "fronts": SLEEP, "barrier": SLEEP})
+    shadow_nodes(data, {"node0": "import sys\nprint('node0: boom', flush=True)\nsys.exit(3)\n", "node1": SLEEP})
     done = flamestream("up", "--data-dir", str(data), "--timeout", "60")
     assert done.returncode == 1, done.stderr
-    assert "acker failed to start: exited with code 3" in done.stderr and "acker: boom" in done.stderr
-    assert not cluster_process.state_path(data).exists()
+    assert "node0 failed to start: exited with code 3" in done.stderr and "node0: boom" in done.stderr
+    assert not launcher.state_path(data).exists()
     assert_nothing_left(data)
 
 
 @pytest.mark.slow
 def test_up_times_out_on_a_silent_component(tmp_path: Path) -> None:
     data = tmp_path / "cluster"
-    shadow_services(data, dict.fromkeys(["acker", "workers", "fronts", "barrier"], SLEEP))
+    shadow_nodes(data, dict.fromkeys(["node0", "node1"], SLEEP))
     done = flamestream("up", "--data-dir", str(data), "--timeout", "8")
     assert done.returncode == 1, done.stderr
-    assert "acker failed to start: did not register in ZooKeeper within 8s" in done.stderr
+    assert "node0 failed to start: did not register in ZooKeeper within 8s" in done.stderr
     assert_nothing_left(data)
 
 
@@ -516,21 +518,21 @@ def assert_nothing_left(data: Path) -> None:
             except OSError:
                 continue
             if Path(cwd).is_relative_to(data):
-                assert not cluster_process.is_alive(int(entry.name), None), (entry / "cmdline").read_bytes()
+                assert not launcher.is_alive(int(entry.name), None), (entry / "cmdline").read_bytes()
 
 
 @pytest.mark.slow
 def test_up_deploy_push_consume_down(tmp_path: Path) -> None:
-    """The whole journey over real services: needs acker/, workers/, fronts/ and barrier/."""
+    """The whole journey over real node processes."""
     data = tmp_path / "cluster"
     where = ("--data-dir", str(data))
-    up = flamestream("up", "--workers", "2", "--fronts", "2", *where)
+    up = flamestream("up", "--nodes", "2", "--fronts", "2", *where)
     assert up.returncode == 0, up.stdout + up.stderr
-    processes = json.loads(cluster_process.state_path(data).read_text())["processes"]
+    processes = json.loads(launcher.state_path(data).read_text())["processes"]
     try:
-        endpoints = dict(line.split() for line in up.stdout.splitlines())
-        assert set(endpoints) == {"zookeeper", "acker", "worker0", "worker1", "front0", "front1", "barrier0",
-                                  "barrier1"}
+        endpoints = {line.split()[0]: line.split()[2:] for line in up.stdout.splitlines()}
+        assert endpoints == {"zookeeper": [], "node0": ["acker", "worker0", "front0", "barrier0"],
+                             "node1": ["worker1", "front1", "barrier1"]}
         again = flamestream("up", *where)
         assert again.returncode == 2 and "already running" in again.stderr
 
@@ -560,9 +562,9 @@ def test_up_deploy_push_consume_down(tmp_path: Path) -> None:
     finally:
         down = flamestream("down", *where)
     assert down.returncode == 0, down.stderr
-    assert not cluster_process.state_path(data).exists()
+    assert not launcher.state_path(data).exists()
     for p in processes:
-        assert not cluster_process.is_alive(p["pid"], p["started"]), p
+        assert not launcher.is_alive(p["pid"], p["started"]), p
         assert not p["address"] or port_free(p["address"]), p
     assert_nothing_left(data)
 

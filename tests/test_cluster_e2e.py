@@ -1,8 +1,10 @@
 """The distributed runtime end to end: real ZooKeeper, real processes, gRPC over loopback.
 
-`flamestream up` starts acker, workers, fronts and barriers; `deploy` publishes a tick; the SDK pushes and
-consumes.  The output topic must hold exactly the oracle's output for the events the fronts logged: the
-fronts' input logs give every admitted event with the global time it was stamped with.
+`flamestream up` starts node processes hosting the acker, workers, fronts and barriers; `deploy` publishes a
+tick; the SDK pushes and consumes.  The output topic must hold exactly the oracle's output for the events the
+fronts logged: the fronts' input logs give every admitted event with the global time it was stamped with.
+Each workload runs on several placements — three nodes with two fronts, one node hosting every role (all
+streams in-process), and a process per role (all streams over gRPC) — which must not change the output.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import pytest
 from examples import inverted_index, wordcount
 from flamestream import run_oracle
 from flamestream.client import Client
-from flamestream.input_log import read_input_logs
-from flamestream.meta import GlobalTime
+from flamestream.core.meta import GlobalTime
+from flamestream.storage.input_log import read_input_logs
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 
@@ -55,13 +57,18 @@ class Cluster:
         return json.loads((self.data / "cluster.json").read_text())  # type: ignore[no-any-return]
 
     def address(self, role: str) -> str:
-        return next(p["address"] for p in self.state()["processes"] if p["role"] == role)
+        """The address of the node hosting the first member of ``role``."""
+        return next(p["address"] for p in self.state()["processes"] if any(r == role for r, _ in p["members"]))
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zookeeper: str, cluster_name: str) -> Iterator[Cluster]:
+PLACEMENTS = {"3 nodes, 2 fronts": ["--nodes", "3", "--fronts", "2"], "1 node, every role": ["--nodes", "1"],
+              "a process per role": ["--nodes", "2", "--placement", "separate"]}
+
+
+@pytest.fixture(params=list(PLACEMENTS))
+def cluster(request: pytest.FixtureRequest, tmp_path: Path, zookeeper: str, cluster_name: str) -> Iterator[Cluster]:
     data = tmp_path / "cluster"
-    done = cli("up", "--workers", "3", "--fronts", "2", "--data-dir", str(data), "--zookeeper", zookeeper,
+    done = cli("up", *PLACEMENTS[request.param], "--data-dir", str(data), "--zookeeper", zookeeper,
                "--cluster", cluster_name)
     assert done.returncode == 0, done.stdout + done.stderr
     started = Cluster(data, zookeeper, cluster_name)

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from coordinator import ZooKeeperError, ZooKeeperServer
 from flamestream.cluster import ClusterStore
+from flamestream.coordinator import ZooKeeperError, ZooKeeperServer
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +170,7 @@ def test_server_explains_missing_java(tmp_path: Path, monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_cli_prints_address_and_exits_cleanly_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "zookeeper", "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "flamestream.coordinator", "zookeeper", "--data-dir", str(tmp_path)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
         stdout=subprocess.PIPE,
@@ -207,10 +207,10 @@ def test_cli_prints_address_and_exits_cleanly_on_signal(tmp_path: Path, sig: sig
 )
 def test_cli_rejects_bad_arguments(args: list[str]) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "coordinator", *args], cwd=REPO, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "flamestream.coordinator", *args], cwd=REPO, capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 2
-    assert "usage: python -m coordinator" in result.stderr
+    assert "usage: python -m flamestream.coordinator" in result.stderr
     assert result.stdout == ""
 
 

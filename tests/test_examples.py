@@ -10,7 +10,7 @@ import pytest
 
 from examples import inverted_index, wordcount
 from flamestream import LocalRuntime, run_oracle
-from flamestream.front import stamp_inputs
+from flamestream.core.front import stamp_inputs
 
 PAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "wiki_football_ru.xml"
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flamestream.front import FrontClock, stamp_inputs
-from flamestream.meta import GlobalTime
+from flamestream.core.front import FrontClock, stamp_inputs
+from flamestream.core.meta import GlobalTime
 
 
 def test_stamp_sequence_within_and_across_milliseconds() -> None:

@@ -25,18 +25,18 @@ import grpc
 import pytest
 
 from examples import wordcount
-from flamestream import codec
 from flamestream.cluster import ClusterStore
-from flamestream.graph import Graph
-from flamestream.hashing import stable_hash
-from flamestream.item import Envelope
-from flamestream.log import SegmentedLog
-from flamestream.meta import GlobalTime
-from flamestream.plan import compile_graph
-from flamestream.tick import Layout, Tick
+from flamestream.core.graph import Graph
+from flamestream.core.hashing import stable_hash
+from flamestream.core.item import Envelope
+from flamestream.core.meta import GlobalTime
+from flamestream.core.plan import compile_graph
+from flamestream.core.tick import Layout, Tick
+from flamestream.fronts.producers import ProducerTable
+from flamestream.storage.log import SegmentedLog
+from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from fronts.producers import ProducerTable
 from tests.loopback import start_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,13 +139,13 @@ class FrontProcess:
     def __init__(self, zookeeper: str, cluster: str, data_dir: Path, *extra: str,
                  file_size_limit: int | None = None) -> None:
         self.proc = subprocess.Popen(
-            [*_front_command(file_size_limit), "--zookeeper", zookeeper, "--cluster", cluster, "--id", str(FRONT),
-             "--data-dir", str(data_dir), *extra],
+            [*_front_command(file_size_limit), "--zookeeper", zookeeper, "--cluster", cluster, "--name", "node",
+             "--front", str(FRONT), "--data-dir", str(data_dir), *extra],
             cwd=REPO, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], WAIT)
         line = self.proc.stdout.readline() if ready else ""
-        if not line.startswith(f"ready front front{FRONT} "):
+        if not line.startswith("ready node "):
             self.proc.kill()
             self.proc.wait()
             pytest.fail(f"front did not start: {line!r}, exit code {self.proc.returncode}")
@@ -429,17 +429,18 @@ def test_a_restarted_front_keeps_the_promises_it_reported(
 
 
 def _front_command(file_size_limit: int | None) -> list[str]:
-    """``python -m fronts``, optionally with files capped at ``file_size_limit`` bytes (so the input log fills up).
+    """``flamestream node --front``, optionally with files capped at ``file_size_limit`` bytes (so the input log
+    fills up).
 
     The limit is set by the child's own interpreter: a ``preexec_fn`` would run
     Python in a fork of this gRPC-threaded process, which gRPC does not survive
     reliably.
     """
     if file_size_limit is None:
-        return [sys.executable, "-m", "fronts"]
-    return [sys.executable, "-c", "import resource, runpy, sys; "
+        return [sys.executable, "-m", "flamestream", "node"]
+    return [sys.executable, "-c", "import resource, sys; "
             f"resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit})); "
-            "sys.argv[0] = 'fronts'; runpy.run_module('fronts', run_name='__main__', alter_sys=True)"]
+            "from flamestream.cli import main; sys.exit(main(['node', *sys.argv[1:]]))"]
 
 
 @slow

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flamestream.graph import Edge, Graph, GraphError, Operation
+from flamestream.core.graph import Edge, Graph, GraphError, Operation
 from tests import graphfns as fns
 
 
@@ -96,14 +96,14 @@ def test_round_trip_keeps_sys_path() -> None:
 
 def test_functions_given_as_paths() -> None:
     g = Graph()
-    g.source().to(g.map("tests.graphfns:identity", balance="flamestream.hashing:stable_hash")).to(g.sink())
+    g.source().to(g.map("tests.graphfns:identity", balance="flamestream.core.hashing:stable_hash")).to(g.sink())
     assert g.to_dict()["operations"][1] == {
         "name": "map0",
         "kind": "map",
         "inputs": 1,
         "outputs": 1,
         "fn": "tests.graphfns:identity",
-        "balance": "flamestream.hashing:stable_hash",
+        "balance": "flamestream.core.hashing:stable_hash",
     }
 
 

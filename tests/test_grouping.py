@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flamestream.front import stamp_inputs
-from flamestream.grouping import Grouping
-from flamestream.item import Item
-from flamestream.meta import CHILD_BITS, MAX_TIME, GlobalTime, Trace
+from flamestream.core.front import stamp_inputs
+from flamestream.core.grouping import Grouping
+from flamestream.core.item import Item
+from flamestream.core.meta import CHILD_BITS, MAX_TIME, GlobalTime, Trace
 
 
 def mark(logical: int) -> int:

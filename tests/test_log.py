@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flamestream.log import LogError, SegmentedLog
+from flamestream.storage.log import LogError, SegmentedLog
 
 
 def records(n: int, size: int = 10) -> list[bytes]:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flamestream.meta import (
+from flamestream.core.meta import (
     CHILD_MASK,
     MAX_TIME,
     MIN_TIME,

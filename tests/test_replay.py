@@ -13,13 +13,13 @@ import pytest
 
 from examples import inverted_index, wordcount
 from flamestream import Graph, run_oracle
-from flamestream.front import stamp_inputs
-from flamestream.hashing import stable_hash
-from flamestream.input_log import encode_record, front_log_dir
-from flamestream.log import SegmentedLog
-from flamestream.meta import GlobalTime
-from flamestream.plan import compile_graph
-from flamestream.replay import ReplayError, grouping_order, replay
+from flamestream.core.front import stamp_inputs
+from flamestream.core.hashing import stable_hash
+from flamestream.core.meta import GlobalTime
+from flamestream.core.plan import compile_graph
+from flamestream.spark.replay import ReplayError, grouping_order, replay
+from flamestream.storage.input_log import encode_record, front_log_dir
+from flamestream.storage.log import SegmentedLog
 from tests import randomgraph
 from tests.randomgraph import Stage
 

@@ -6,11 +6,11 @@ import pytest
 
 from examples import inverted_index, wordcount
 from flamestream import Graph, LocalRuntime, run_oracle
-from flamestream.front import stamp_inputs
-from flamestream.hashing import stable_hash
-from flamestream.plan import compile_graph
-from flamestream.tick import Layout
-from flamestream.worker import Worker, front_envelopes
+from flamestream.core.front import stamp_inputs
+from flamestream.core.hashing import stable_hash
+from flamestream.core.plan import compile_graph
+from flamestream.core.tick import Layout
+from flamestream.core.worker import Worker, front_envelopes
 from tests.graphfns import identity, split_csv
 from tests.semanticsfns import fragile
 

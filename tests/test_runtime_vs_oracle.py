@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flamestream import LocalRuntime, run_oracle
-from flamestream.front import stamp_inputs
+from flamestream.core.front import stamp_inputs
 from tests.randomgraph import BALANCES, MAPS, Stage, build
 
 

@@ -8,10 +8,10 @@ import pytest
 
 from examples import wordcount
 from flamestream import Graph, LocalRuntime, run_oracle
-from flamestream.dead_letter import is_dead_letter
-from flamestream.front import stamp_inputs
-from flamestream.grouping import Grouping
-from flamestream.meta import GlobalTime
+from flamestream.core.dead_letter import is_dead_letter
+from flamestream.core.front import stamp_inputs
+from flamestream.core.grouping import Grouping
+from flamestream.core.meta import GlobalTime
 from tests import semanticsfns as fns
 
 SEEDS = [(1, 0, False), (3, 1, False), (4, 2, True), (2, 3, True)]

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from flamestream.codec import encode_payload
-from flamestream.log import SegmentedLog
-from flamestream.spark_source import FlamestreamSource, start_parquet_sink
+from flamestream.core.payload import encode_payload
+from flamestream.spark.source import FlamestreamSource, start_parquet_sink
+from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
 
 pytestmark = pytest.mark.slow

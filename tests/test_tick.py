@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flamestream.hashing import INT32_MAX, INT32_MIN, constant_hash, stable_hash, to_int32
-from flamestream.meta import GlobalTime
-from flamestream.tick import Layout, Tick
+from flamestream.core.hashing import INT32_MAX, INT32_MIN, constant_hash, stable_hash, to_int32
+from flamestream.core.meta import GlobalTime
+from flamestream.core.tick import Layout, Tick
 
 int32s = st.integers(INT32_MIN, INT32_MAX)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flamestream import codec
-from flamestream.meta import GlobalTime
-from flamestream.wire import flamestream_pb2
+from flamestream.core import payload as payloads
+from flamestream.core.meta import GlobalTime
+from flamestream.wire import codec, flamestream_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,15 +61,15 @@ def test_xor_into_combines_and_cancels() -> None:
 
 
 def test_payloads_are_json() -> None:
-    assert codec.decode_payload(codec.encode_payload({"word": "мяч", "n": [1]})) == {"word": "мяч", "n": [1]}
-    with pytest.raises(codec.PayloadError, match="not valid JSON"):
-        codec.decode_payload(b"{oops")
-    with pytest.raises(codec.PayloadError):
-        codec.decode_payload(b"\xff")
-    with pytest.raises(codec.PayloadError):
-        codec.decode_payload(b"9" * 5000)  # beyond Python's int-from-string limit
-    with pytest.raises(codec.PayloadError):
-        codec.decode_payload(b"[" * 100_000 + b"]" * 100_000)  # nested too deep
+    assert payloads.decode_payload(payloads.encode_payload({"word": "мяч", "n": [1]})) == {"word": "мяч", "n": [1]}
+    with pytest.raises(payloads.PayloadError, match="not valid JSON"):
+        payloads.decode_payload(b"{oops")
+    with pytest.raises(payloads.PayloadError):
+        payloads.decode_payload(b"\xff")
+    with pytest.raises(payloads.PayloadError):
+        payloads.decode_payload(b"9" * 5000)  # beyond Python's int-from-string limit
+    with pytest.raises(payloads.PayloadError):
+        payloads.decode_payload(b"[" * 100_000 + b"]" * 100_000)  # nested too deep
 
 
 def test_payloads_that_are_not_plain_json_are_encoded_as_before() -> None:
@@ -79,7 +79,7 @@ def test_payloads_that_are_not_plain_json_are_encoded_as_before() -> None:
              b'{"1":"x"}': {1: "x"}, b'"{3}"': {3}, str(2**70).encode(): 2**70, b"null": float("nan"),
              b'"datetime.date(2026, 11, 22)"': datetime.date(2026, 11, 22)}
     for encoded, payload in cases.items():
-        assert codec.encode_payload(payload) == encoded
+        assert payloads.encode_payload(payload) == encoded
 
 
 def test_to_records_serializes_topic_records_and_drops_tombstone_payloads() -> None:

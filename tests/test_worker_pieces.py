@@ -7,11 +7,11 @@ from itertools import islice
 import pytest
 
 from examples import inverted_index
-from flamestream.benchmark.workloads import CORPUS
-from flamestream.front import stamp_inputs
-from flamestream.plan import compile_graph
-from flamestream.tick import Layout
-from flamestream.worker import Outbox, Worker, front_envelopes
+from flamestream.bench.workloads import CORPUS
+from flamestream.core.front import stamp_inputs
+from flamestream.core.plan import compile_graph
+from flamestream.core.tick import Layout
+from flamestream.core.worker import Outbox, Worker, front_envelopes
 
 PLAN = compile_graph(inverted_index.graph())
 LAYOUT = Layout.even(2)

@@ -15,11 +15,12 @@ import grpc
 import pytest
 
 from examples import wordcount
-from flamestream import codec
 from flamestream.cluster import ClusterStore
-from flamestream.meta import GlobalTime
-from flamestream.plan import compile_graph
-from flamestream.tick import Layout, Tick
+from flamestream.core import payload as payloads
+from flamestream.core.meta import GlobalTime
+from flamestream.core.plan import compile_graph
+from flamestream.core.tick import Layout, Tick
+from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from tests.loopback import start_server
@@ -64,22 +65,23 @@ async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
         rpc.add_BarrierServicer_to_server(stand_ins, server)
 
     server, here = await start_server(register)
-    worker = subprocess.Popen([sys.executable, "-m", "workers", "--zookeeper", zookeeper, "--cluster", cluster,
-                               "--index", "0", *flags], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--zookeeper", zookeeper,
+                               "--cluster", cluster, "--name", "node", "--worker", "0", *flags], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout is not None
         ready = (await asyncio.to_thread(worker.stdout.readline)).split()
-        assert ready[:3] == ["ready", "worker", "worker0"], ready
+        assert ready[:2] == ["ready", "node"], ready
         graph = wordcount.graph().to_dict()
         with ClusterStore(zookeeper, cluster=cluster) as store:
-            store.publish_tick(Tick(0, GlobalTime(0, 0), graph, Layout.even(1), workers=(ready[3],), fronts=(0,),
+            store.publish_tick(Tick(0, GlobalTime(0, 0), graph, Layout.even(1), workers=(ready[2],), fronts=(0,),
                                     acker=here, barriers=((0, here),)).to_dict())
         plan = compile_graph(wordcount.graph())
         gt = GlobalTime(5, 0)
         envelopes = [(plan.entry, plan.entry_balance(line), (line, gt, (seq,), False))
                      for seq, line in enumerate(["a dog", "a dog and a cat"])]
         sent = codec.new_acks([gt])
-        async with grpc.aio.insecure_channel(ready[3]) as channel:
+        async with grpc.aio.insecure_channel(ready[2]) as channel:
             call = rpc.WorkerStub(channel).Exchange()
             await call.write(codec.encode_batch(envelopes, sent, sender=-1))
             for _ in range(100):
@@ -90,8 +92,8 @@ async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
                 stand_ins.changed.clear()
                 await asyncio.wait_for(stand_ins.changed.wait(), 10)
             await call.done_writing()
-        payloads = [codec.decode_payload(pb.Record.FromString(item[0]).payload) for item in records]
-        assert payloads == [{"word": "a", "count": 1}, {"word": "dog", "count": 1}, {"word": "a", "count": 2},
+        released = [payloads.decode_payload(pb.Record.FromString(item[0]).payload) for item in records]
+        assert released == [{"word": "a", "count": 1}, {"word": "dog", "count": 1}, {"word": "a", "count": 2},
                             {"word": "dog", "count": 2}, {"word": "and", "count": 1}, {"word": "a", "count": 3},
                             {"word": "cat", "count": 1}]
         assert all(item[1] == gt and not item[3] and pb.Record.FromString(item[0]).time == pb.GlobalTime(ts=5)
@@ -115,15 +117,17 @@ def test_worker_splits_output_into_batches_of_at_most_batch_items(zookeeper: str
 
 
 def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: str) -> None:
-    """No fault tolerance yet: a worker whose barrier is gone must exit non-zero, not idle holding the min time."""
+    """No fault tolerance yet: a worker whose barrier is gone must exit non-zero, not idle holding the min time,
+    and say why in its log, with the traceback."""
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
-    worker = subprocess.Popen([sys.executable, "-m", "workers", "--zookeeper", zookeeper, "--cluster", cluster_name,
-                               "--index", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--zookeeper", zookeeper,
+                               "--cluster", cluster_name, "--worker", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
     try:
         assert worker.stdout is not None
-        address = worker.stdout.readline().split()[3]
+        address = worker.stdout.readline().split()[2]
         with ClusterStore(zookeeper, cluster=cluster_name) as store:
             store.publish_tick(Tick(0, GlobalTime(0, 0), wordcount.graph().to_dict(), Layout.even(1),
                                     workers=(address,), fronts=(0,), acker=dead, barriers=((0, dead),)).to_dict())
@@ -134,7 +138,9 @@ def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: s
                 [(plan.entry, plan.entry_balance("a b"), ("a b", gt, (0,), False))], codec.new_acks([gt]), -1)]))
         _, stderr = worker.communicate(timeout=60)
         assert worker.returncode not in (0, None)
-        assert "worker 0: stopped" in stderr
+        assert "CRITICAL node-worker0 worker0: processing loop failed; worker0 is NOT_SERVING and the node stops" \
+            in stderr, stderr
+        assert "Traceback" in stderr and "StreamBroken" in stderr
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -2,67 +2,42 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from flamestream import codec, hosting
-from flamestream.graph import Graph
-from flamestream.item import Envelope, Item, envelope_meta, envelope_time, item_time
-from flamestream.meta import GlobalTime
-from flamestream.plan import compile_graph
-from flamestream.tick import Tick
+from flamestream.core.graph import Graph
+from flamestream.core.item import Envelope, Item, envelope_meta, envelope_time, item_time
+from flamestream.core.meta import GlobalTime
+from flamestream.core.plan import compile_graph
+from flamestream.core.tick import Tick
+from flamestream.core.worker import Worker
+from flamestream.runtime.channels import Channels, LocalEndpoints
+from flamestream.runtime.logs import role_logger
+from flamestream.runtime.supervision import Supervisor
+from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from flamestream.worker import Worker
-
-
-class Streams:
-    """The worker's long-lived outgoing streams, one per (address, method): FIFO per channel, opened on first use."""
-
-    def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._streams: dict[tuple[str, str], hosting.ClientStream[Any]] = {}
-
-    def channel(self, address: str) -> grpc.aio.Channel:
-        if address not in self._channels:
-            self._channels[address] = hosting.channel(address)
-        return self._channels[address]
-
-    async def write(self, address: str, method: str, message: Any) -> None:
-        stream = self._streams.get((address, method))
-        if stream is None:
-            stream = self._streams[(address, method)] = hosting.ClientStream(self.channel(address), method, address)
-        await stream.write(message)
-
-    async def close(self) -> None:
-        """Half-close every stream and wait (bounded) for its reply, so nothing written is cancelled in flight."""
-        for stream in self._streams.values():
-            await stream.close()
-        for ch in self._channels.values():
-            await ch.close()
-        self._streams.clear()
-        self._channels.clear()
 
 
 class WorkerService(rpc.WorkerServicer):
-    def __init__(self, index: int, batch_items: int = 256, linger_ms: float = 0.0) -> None:
+    def __init__(self, index: int, local: LocalEndpoints, batch_items: int = 256, linger_ms: float = 0.0) -> None:
         self.index = index
+        self.local = local
+        self.log = role_logger(f"worker{index}")
         self.batch_items = batch_items
         self.linger = linger_ms / 1000
         self.inbox: asyncio.Queue[pb.ItemBatch] = asyncio.Queue()
         self.core: Worker | None = None
         self.tick: Tick | None = None
-        self.streams = Streams()
+        self.streams = Channels(local)
         self.ready = asyncio.Event()
         self.lock = asyncio.Lock()
         """Serialises processing steps and tick changes: a step never writes to streams being closed."""
         self._min_time_task: asyncio.Task[None] | None = None
+        self.supervisor: Supervisor | None = None
 
     async def Exchange(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> pb.Empty:
         # Batches may arrive before this worker has seen the tick (a front saw it first): they wait in the inbox.
@@ -76,20 +51,21 @@ class WorkerService(rpc.WorkerServicer):
 
     async def _apply_tick(self, tick: Tick) -> None:
         if self.index >= len(tick.workers):
-            print(f"worker {self.index}: tick {tick.number} has only {len(tick.workers)} workers; idle",
-                  file=sys.stderr, flush=True)
+            self.log.warning("tick %d has only %d workers; idle", tick.number, len(tick.workers))
             return
+        core = Worker(compile_graph(Graph.from_dict(tick.graph)), self.index, tick.layout)
         await self.streams.close()
         if self._min_time_task is not None:
             self._min_time_task.cancel()
-        self.tick = tick
-        self.core = Worker(compile_graph(Graph.from_dict(tick.graph)), self.index, tick.layout)
-        self._min_time_task = asyncio.create_task(self._watch_min_time(tick.acker))
+        self.tick, self.core = tick, core
+        assert self.supervisor is not None, "start() comes before the first tick"
+        self._min_time_task = self.supervisor.spawn(f"worker{self.index}", f"min-time watch of tick {tick.number}",
+                                                    self._watch_min_time(tick.acker))
         self.ready.set()
 
     async def _watch_min_time(self, acker: str) -> None:
-        stub = rpc.AckerStub(self.streams.channel(acker))
-        async for mt in stub.WatchMinTime(pb.Empty()):
+        """Trim grouping state as the min time advances; the stream ending is a failure (state would only grow)."""
+        async for mt in self.streams.watch_min_time(acker):
             if self.core is not None:
                 self.core.on_min_time(GlobalTime(mt.ts, mt.front))
 
@@ -119,13 +95,13 @@ class WorkerService(rpc.WorkerServicer):
         # every output's send ack is folded in, so the acker never sees this step's items as done early.
         for remote, to_barrier in core.run(envelopes, self.batch_items):
             for worker, outs in remote.items():
-                await self._send(tick.workers[worker], hosting.EXCHANGE, outs, envelope_time, acks)
+                await self._send(tick.workers[worker], transport.EXCHANGE, outs, envelope_time, acks)
             by_barrier: dict[str, list[Item]] = {}
             for item in to_barrier:
                 by_barrier.setdefault(tick.barrier_of(item[1].front), []).append(item)
             for address, items in by_barrier.items():
-                await self._send(address, hosting.DELIVER, codec.to_records(items), item_time, acks)
-        await self.streams.write(tick.acker, hosting.ACK, pb.AckBatch(acks=codec.ack_messages(acks)))
+                await self._send(address, transport.DELIVER, codec.to_records(items), item_time, acks)
+        await self.streams.write(tick.acker, transport.ACK, pb.AckBatch(acks=codec.ack_messages(acks)))
 
     async def _send(self, address: str, method: str, entries: list[Any], gt_of: Callable[[Any], GlobalTime],
                     acks: dict[GlobalTime, int]) -> None:
@@ -137,28 +113,35 @@ class WorkerService(rpc.WorkerServicer):
             await self.streams.write(address, method, codec.encode_batch(chunk, sent, self.index))
 
 
-async def serve(args: argparse.Namespace) -> None:
-    host = hosting.Host("worker", args)
-    service = WorkerService(args.index, args.batch_items, args.linger_ms)
-    await host.start(lambda server: rpc.add_WorkerServicer_to_server(service, server), {"index": args.index})
+class WorkerRole:
+    """Worker ``index`` as a role of a node (see ``flamestream.runtime.node``)."""
 
-    async def follow_ticks() -> None:
-        async for tick in host.ticks():
-            await service.apply_tick(tick)
+    kind = "worker"
 
-    tasks = [asyncio.create_task(service.run()), asyncio.create_task(follow_ticks())]
-    stopped = asyncio.create_task(host.wait_stopped())
-    await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
-    for task in [stopped, *tasks]:
-        task.cancel()
-    # Let the cancellations land first: a step cancelled inside a write cancels that stream's call, and
-    # closing must see the call settled, not race it.
-    await asyncio.gather(stopped, *tasks, return_exceptions=True)
-    await service.streams.close()
-    await host.stop()
-    if failed:
-        # No fault tolerance yet: a worker that cannot go on must die visibly, not sit idle holding the min time.
-        error = failed[0].exception()
-        traceback.print_exception(error)
-        raise SystemExit(f"worker {args.index}: stopped: {error!r}")
+    def __init__(self, index: int, batch_items: int = 256, linger_ms: float = 0.0) -> None:
+        self.index = index
+        self.name = f"worker{index}"
+        self._options = (batch_items, linger_ms)
+        self.service: WorkerService | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"index": self.index}
+
+    def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
+        self.service = WorkerService(self.index, local, *self._options)
+        rpc.add_WorkerServicer_to_server(self.service, server)
+        local.streams[transport.EXCHANGE] = self.service.Exchange
+
+    def start(self, supervisor: Supervisor) -> None:
+        assert self.service is not None
+        self.service.supervisor = supervisor
+        # A worker that cannot process cannot go on: it would hold the min time forever.
+        supervisor.spawn(self.name, "processing loop", self.service.run(), essential=True)
+
+    async def deploy(self, tick: Tick) -> None:
+        assert self.service is not None
+        await self.service.apply_tick(tick)
+
+    async def close(self) -> None:
+        assert self.service is not None
+        await self.service.streams.close()

@@ -1,0 +1,172 @@
+"""Grouping with optimistic replay (paper §2.5, §3) — the only stateful operation.
+
+Each bucket (items sharing the balancing hash, and the equivalence key if one is
+given) is kept sorted by meta.  An arriving item is inserted at its meta
+position and the window ending at it is emitted as a tuple whose meta is the
+last element's global time and trace plus this grouping's next logical time.
+
+In order (the common case) that is one append and one emission.  Out of order,
+every window that now contains the newcomer is re-emitted with a newer logical
+time — the paper's replay — so the stale versions become invalid downstream.
+
+Stale versions are also *retracted*: the grouping emits a tombstone for each
+window it replaces.  The paper's barrier-side invalidation alone is not enough
+once groupings are chained (FlameStream issue #76): a stale tuple may hash to a
+different worker than its replacement and would pollute the next grouping's
+state forever.  The tombstone carries the stale payload, so it follows the
+stale tuple's exact path and undoes it wherever it went, including the next
+grouping, which replays in turn.
+
+State is trimmed when the acker's minimal time passes: no future item can sort
+before an item with a smaller global time, so a bucket keeps only the last
+``window - 1`` such items (the ones later windows may still include).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from collections.abc import Hashable
+from typing import Any
+
+from flamestream.core.item import Item
+from flamestream.core.meta import CHILD_BITS, GlobalTime, Trace
+
+MetaKey = tuple[GlobalTime, Trace]
+
+
+class Bucket:
+    """Items of one key in meta order, with the tuple last emitted for each."""
+
+    __slots__ = ("deadline", "emitted", "metas", "payloads", "pending")
+
+    def __init__(self) -> None:
+        self.metas: list[MetaKey] = []
+        self.payloads: list[Any] = []
+        self.emitted: list[tuple[Trace, tuple[Any, ...]] | None] = []
+        self.pending: set[MetaKey] | None = None
+        """Tombstones that overtook their item (only on non-FIFO paths)."""
+        self.deadline: GlobalTime | None = None
+        """Global time of the entry at index window-1 when last noted: nothing is trimmable before min time passes
+        it.  Removals only ever move the real one later, so a noted deadline is never too late."""
+
+
+class Grouping:
+    """Buckets items by key and emits window-sized tuples, replaying on disorder."""
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self.buckets: dict[Hashable, Bucket] = {}
+        self.clock = 0
+        """Logical time: bumped per emission, so re-emissions outrank what they replace."""
+        self._deadlines: list[tuple[GlobalTime, int, Hashable]] = []
+        self._sequence = 0
+        self._pending_keys: set[Hashable] = set()
+        self.replays = 0
+        """Windows re-emitted because of out-of-order arrivals or retractions."""
+        self.held = 0
+        """Items currently held across all buckets (state size)."""
+
+    def accept(self, key: Hashable, item: Item) -> list[Item]:
+        """Insert (or, for a tombstone, remove) ``item``; return emitted tuples and retractions."""
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = Bucket()
+        payload, gt, trace, tombstone = item
+        meta = (gt, trace)
+        if tombstone:
+            return self._remove(key, bucket, meta)
+        if bucket.pending and meta in bucket.pending:
+            bucket.pending.discard(meta)
+            return []
+        metas = bucket.metas
+        n = len(metas)
+        if n == 0 or metas[-1] < meta:
+            pos = n
+        else:
+            pos = bisect_left(metas, meta)
+            if pos < n and metas[pos] == meta:
+                raise ValueError(f"item with meta {meta} delivered twice to a grouping")
+        metas.insert(pos, meta)
+        self.held += 1
+        bucket.payloads.insert(pos, payload)
+        bucket.emitted.insert(pos, None)
+        if n + 1 >= self.window and pos < self.window:
+            self._note_deadline(key, bucket)
+        return self._emit(bucket, pos, pos + self.window)
+
+    def _note_deadline(self, key: Hashable, bucket: Bucket) -> None:
+        deadline = bucket.metas[self.window - 1][0]
+        if bucket.deadline is None or deadline < bucket.deadline:
+            bucket.deadline = deadline
+            self._sequence += 1
+            heapq.heappush(self._deadlines, (deadline, self._sequence, key))
+
+    def _remove(self, key: Hashable, bucket: Bucket, meta: MetaKey) -> list[Item]:
+        metas = bucket.metas
+        pos = bisect_left(metas, meta)
+        if pos == len(metas) or metas[pos] != meta:
+            if bucket.pending is None:
+                bucket.pending = set()
+            bucket.pending.add(meta)
+            self._pending_keys.add(key)
+            return []
+        out: list[Item] = []
+        gone = bucket.emitted[pos]
+        if gone is not None:
+            out.append((gone[1], meta[0], gone[0], True))
+        del metas[pos], bucket.payloads[pos], bucket.emitted[pos]
+        self.held -= 1
+        out.extend(self._emit(bucket, pos, pos + self.window - 1))
+        return out
+
+    def _emit(self, bucket: Bucket, start: int, stop: int) -> list[Item]:
+        """(Re-)emit the windows ending at positions ``start .. stop-1``."""
+        metas, payloads, emitted = bucket.metas, bucket.payloads, bucket.emitted
+        w = self.window
+        out: list[Item] = []
+        for j in range(start, min(stop, len(metas))):
+            gt, trace = metas[j]
+            old = emitted[j]
+            if old is not None:
+                out.append((old[1], gt, old[0], True))
+                self.replays += 1
+            self.clock += 1
+            new_trace = trace + (self.clock << CHILD_BITS,)
+            window = tuple(payloads[j - w + 1 if j >= w else 0 : j + 1])
+            emitted[j] = (new_trace, window)
+            out.append((window, gt, new_trace, False))
+        return out
+
+    def trim(self, min_time: GlobalTime) -> None:
+        """Forget what no future window can need once ``min_time`` has passed.
+
+        Only buckets whose deadline passed are visited, so trimming costs what it drops.
+        """
+        keep = self.window - 1
+        floor = (min_time,)
+        heap = self._deadlines
+        while heap and heap[0][0] < min_time:
+            deadline, _, key = heapq.heappop(heap)
+            bucket = self.buckets.get(key)
+            if bucket is None or bucket.deadline != deadline:
+                continue  # superseded by an earlier deadline that was handled already
+            drop = bisect_left(bucket.metas, floor) - keep
+            if drop > 0:
+                del bucket.metas[:drop], bucket.payloads[:drop], bucket.emitted[:drop]
+                self.held -= drop
+            bucket.deadline = None
+            if len(bucket.metas) > keep:
+                self._note_deadline(key, bucket)
+            elif not bucket.metas and not bucket.pending:
+                del self.buckets[key]
+        for key in list(self._pending_keys):
+            bucket = self.buckets.get(key)
+            if bucket is not None and bucket.pending:
+                bucket.pending = {m for m in bucket.pending if m[0] >= min_time} or None
+            if bucket is None or not bucket.pending:
+                self._pending_keys.discard(key)
+                if bucket is not None and not bucket.metas:
+                    del self.buckets[key]

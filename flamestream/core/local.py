@@ -1,0 +1,198 @@
+"""Embedded local runtime: the whole system in one process, deterministically.
+
+N workers (hash ranges), F fronts, one acker and a barrier — the same core
+classes the services wrap — connected by FIFO channels that a seeded scheduler
+drains in a random interleaving.  Fronts race each other and worker-to-worker
+channels overtake one another, so groupings see items out of order and
+replay, exactly as on a real network; the output must still equal the oracle's.
+
+A worker step drains the heads of its input channels as one queue ordered by
+meta (the paper's prioritized queues).  Like a worker service, it ships its
+output in pieces as the core produces them (``Worker.run`` with a seeded
+flush size of 1 to 256 items), and the scheduler may run other workers and the barrier between
+pieces; the step's receipt acks go last.  With ``adversarial=True`` every channel
+gets a speed drawn over three orders of magnitude and slow channels keep
+missing steps, so some paths lag far behind and replays/retractions pile up.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from flamestream.core.acker import AckTable
+from flamestream.core.barrier import BarrierBuffer, Released
+from flamestream.core.front import Stamped, stamp_inputs
+from flamestream.core.graph import Graph
+from flamestream.core.item import Item, envelope_meta, envelope_time, item_meta, item_time
+from flamestream.core.meta import MAX_TIME, GlobalTime
+from flamestream.core.plan import compile_graph
+from flamestream.core.tick import Layout
+from flamestream.core.worker import Outbox, Worker, front_envelopes
+
+Channel = tuple[str, int, int]
+"""("front", front, worker) | ("worker", src, dst) | ("barrier", worker, 0)."""
+
+Batch = tuple[list[Any], dict[GlobalTime, int]]
+"""(envelopes or items, ack value per global time in the batch)."""
+
+
+@dataclass
+class RunStats:
+    reached_barrier: int = 0
+    retractions: int = 0
+    released: int = 0
+    replays: int = 0
+    steps: int = 0
+    peak_state: int = 0
+    """Largest number of items held by all groupings after a trim (grows with items in flight)."""
+    final_state: int = 0
+    """Items the groupings still hold once everything is released: window-1 per bucket at most."""
+
+    @property
+    def replay_overhead(self) -> float:
+        """Items reaching the barrier per item released (1.0 = no wasted work)."""
+        return self.reached_barrier / self.released if self.released else 1.0
+
+
+@dataclass
+class RunResult:
+    output: list[Released]
+    rejected: list[Any] = field(default_factory=list)
+    stats: RunStats = field(default_factory=RunStats)
+
+
+class LocalRuntime:
+    def __init__(self, graph: Graph, workers: int = 1, fronts: int = 1, seed: int = 0, per_ms: int = 1,
+                 batch: int = 1, adversarial: bool = False) -> None:
+        """``batch`` bounds how many events a front injects in one step (drawn uniformly from 1..batch):
+        bursts put more items in flight at once and so cause more out-of-order arrivals and replays."""
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.plan = compile_graph(graph)
+        self.layout = Layout.even(workers)
+        self.fronts = fronts
+        self.per_ms = per_ms
+        self.batch = batch
+        self.adversarial = adversarial
+        self.rng = random.Random(seed)
+
+    def run(self, payloads: Iterable[Any]) -> RunResult:
+        return self.run_stamped(stamp_inputs(list(payloads), self.fronts, self.per_ms))
+
+    def run_stamped(self, stamped: list[Stamped]) -> RunResult:
+        rng = self.rng
+        workers = [Worker(self.plan, i, self.layout) for i in range(self.layout.workers)]
+        acker = AckTable(range(self.fronts))
+        barrier = BarrierBuffer()
+        result = RunResult(output=[])
+        stats = result.stats
+        pending: list[deque[Stamped]] = [deque() for _ in range(self.fronts)]
+        for s in stamped:
+            pending[s[0]].append(s)
+        channels: dict[Channel, deque[Batch]] = {}
+        speed: dict[Channel, float] = {}
+        steps: dict[int, tuple[Outbox, Iterator[Outbox], list[Batch]]] = {}
+        """Worker -> its step under way: the next piece to deliver, the core's later pieces (computed one ahead,
+        so the last piece and the step's receipt acks go in one scheduler turn) and the batches it took."""
+
+        def advance(worker: int, piece: Outbox, pieces: Iterator[Outbox], batches: list[Batch]) -> None:
+            deliver(worker, *piece)
+            following = next(pieces, None)
+            if following is not None:
+                steps[worker] = (following, pieces, batches)
+                return
+            steps.pop(worker, None)
+            ack_receipts(batches)
+
+        def ack_receipts(batches: list[Batch]) -> None:
+            for _, acks in batches:
+                for gt, r in acks.items():
+                    acker.ack(gt, r)
+
+        def send(channel: Channel, entries: list[Any], gt_of: Any) -> None:
+            acks = {gt_of(e): rng.getrandbits(64) for e in entries}
+            for gt, r in acks.items():
+                acker.ack(gt, r)
+            if channel not in channels:
+                channels[channel] = deque()
+                speed[channel] = 10 ** rng.uniform(-3, 0) if self.adversarial else 1.0
+            channels[channel].append((entries, acks))
+
+        def deliver(worker: int, remote: dict[int, list[Any]], to_barrier: list[Any]) -> None:
+            for dst, envs in remote.items():
+                send(("worker", worker, dst), envs, envelope_time)
+            if to_barrier:
+                send(("barrier", worker, 0), to_barrier, item_time)
+
+        released_to = acker.min_time()
+        fronts_left = [f for f in range(self.fronts) if pending[f]]
+        for f in range(self.fronts):
+            if not pending[f]:
+                acker.report(f, MAX_TIME.ts)
+        entry_balance = self.plan.entry_balance
+        while True:
+            inbound: dict[int, list[Channel]] = {}
+            for c, q in channels.items():
+                if q:
+                    inbound.setdefault(-1 - c[1] if c[0] == "barrier" else c[2], []).append(c)
+            candidates: list[Any] = [("front", f) for f in fronts_left] + list(inbound.keys() | steps.keys())
+            if not candidates:
+                break
+            choice = rng.choice(candidates)
+            stats.steps += 1
+            if isinstance(choice, tuple):
+                front = choice[1]
+                queue = pending[front]
+                inputs: list[tuple[int, Item]] = []
+                for _ in range(min(len(queue), rng.randint(1, self.batch))):
+                    _f, gt, trace, payload = queue.popleft()
+                    try:
+                        inputs.append((entry_balance(payload), (payload, gt, trace, False)))
+                    except Exception:
+                        result.rejected.append(payload)
+                for w, envs in front_envelopes(self.plan, self.layout, inputs).items():
+                    send(("front", front, w), envs, envelope_time)
+                if queue:
+                    acker.report(front, queue[0][1].ts)
+                else:
+                    acker.report(front, MAX_TIME.ts)
+                    fronts_left.remove(front)
+            elif choice in steps:
+                advance(choice, *steps[choice])
+            else:
+                # A worker (or barrier) drains the heads of its input channels as one prioritized queue;
+                # slow channels may miss the step, which is what reorders items across channels.
+                ready = inbound[choice]
+                taken = [c for c in ready if rng.random() < speed[c]]
+                if not taken:
+                    taken = rng.choices(ready, [speed[c] for c in ready])
+                batches = [channels[c].popleft() for c in taken]
+                entries = [e for batch, _ in batches for e in batch]
+                if len(batches) > 1:
+                    entries.sort(key=item_meta if choice < 0 else envelope_meta)
+                if choice >= 0:
+                    pieces = workers[choice].run(entries, 2 ** rng.randint(0, 8))
+                    advance(choice, next(pieces), pieces, batches)
+                else:
+                    for item in entries:
+                        barrier.insert(item)
+                    ack_receipts(batches)
+            min_time = acker.min_time()
+            if min_time > released_to:
+                released_to = min_time
+                result.output.extend(barrier.release(min_time))
+                for worker in workers:
+                    worker.on_min_time(min_time)
+                stats.peak_state = max(stats.peak_state, sum(worker.state_size() for worker in workers))
+        if acker.in_flight() or len(barrier):
+            raise AssertionError(f"run ended with {acker.in_flight()} global times in flight, {len(barrier)} held")
+        stats.reached_barrier = barrier.received
+        stats.retractions = barrier.retractions
+        stats.released = len(result.output)
+        stats.replays = sum(w.replays for w in workers)
+        stats.final_state = sum(w.state_size() for w in workers)
+        return result

@@ -1,0 +1,88 @@
+"""Ticks and hash-range layout (paper §2.3, §4).
+
+Every worker runs the whole graph over its own slice of the signed 32-bit hash
+space; the slices never intersect and together cover it.  A tick binds a time
+interval to a graph and such a layout, so a new tick can redeploy the graph
+with a different layout.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Any
+
+from flamestream.core.hashing import INT32_MAX, INT32_MIN
+from flamestream.core.meta import GlobalTime
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Inclusive hash ranges, ``starts[i] .. starts[i+1]-1`` owned by worker ``i``."""
+
+    starts: tuple[int, ...]
+
+    @classmethod
+    def even(cls, workers: int) -> Layout:
+        if workers < 1:
+            raise ValueError(f"need at least one worker, got {workers}")
+        span = (INT32_MAX - INT32_MIN + 1) // workers
+        return cls(tuple(INT32_MIN + i * span for i in range(workers)))
+
+    def __post_init__(self) -> None:
+        if not self.starts or self.starts[0] != INT32_MIN or list(self.starts) != sorted(set(self.starts)):
+            raise ValueError(f"hash ranges must start at {INT32_MIN} and be strictly increasing: {self.starts}")
+
+    @property
+    def workers(self) -> int:
+        return len(self.starts)
+
+    def owner(self, h: int) -> int:
+        """Index of the worker whose range holds hash ``h``."""
+        return bisect_right(self.starts, h) - 1
+
+    def range_of(self, worker: int) -> tuple[int, int]:
+        hi = self.starts[worker + 1] - 1 if worker + 1 < len(self.starts) else INT32_MAX
+        return self.starts[worker], hi
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A graph deployment: from global time ``start`` on, ``graph`` runs on this layout and these processes.
+
+    Stored as JSON in ZooKeeper (``ticks/<n>``); every component watches the
+    ticks and (re)configures itself when a new one appears.  Worker ``i`` of
+    ``workers`` owns hash range ``i`` of ``layout``; barrier partitions are
+    front ids.
+    """
+
+    number: int
+    start: GlobalTime
+    graph: dict[str, Any]
+    layout: Layout
+    workers: tuple[str, ...] = ()
+    fronts: tuple[int, ...] = ()
+    acker: str = ""
+    barriers: tuple[tuple[int, str], ...] = ()
+    """(partition = front id, barrier address)."""
+
+    def barrier_of(self, front: int) -> str:
+        for partition, address in self.barriers:
+            if partition == front:
+                return address
+        raise KeyError(f"no barrier owns partition {front}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "start": list(self.start), "graph": self.graph,
+                "layout": list(self.layout.starts), "workers": list(self.workers), "fronts": list(self.fronts),
+                "acker": self.acker, "barriers": [[p, a] for p, a in self.barriers]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tick:
+        try:
+            return cls(number=int(data["number"]), start=GlobalTime(*map(int, data["start"])), graph=data["graph"],
+                       layout=Layout(tuple(int(s) for s in data["layout"])),
+                       workers=tuple(str(w) for w in data["workers"]), fronts=tuple(int(f) for f in data["fronts"]),
+                       acker=str(data["acker"]), barriers=tuple((int(p), str(a)) for p, a in data["barriers"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed tick: {exc!r}") from exc

@@ -1,0 +1,197 @@
+"""Worker core: the whole graph over one hash range (paper §2.3), no I/O.
+
+``process`` takes a batch of envelopes (destination operation, hash, item) and
+runs them depth-first.  Items whose next operation's balancing function maps
+into this worker's range are processed right here without a channel hop — the
+local fast path, which also keeps a single worker's processing in meta order so
+it replays nothing.  Everything else comes back in the outbox: envelopes per
+remote worker and items for the barrier.  The imperative shell (local runtime
+or gRPC service) moves them and does the acking.
+
+Replicated entry (``plan.replicated``): when the source feeds a stateless
+prefix, fronts send each input to *every* worker, with the input's entry hash
+as its envelope hash.  Each worker runs the prefix over all inputs and keeps
+only the items bound for its own hash range; the worker owning the entry hash
+also emits what the prefix sends to sinks and its dead letters.  Each item is
+still produced exactly once, with the same trace, but a grouping now receives
+one front's items in global-time order, where before the words of a line split
+on another worker raced the local ones and forced replays (word count under
+load: replay overhead 16 -> 1).  The price is the prefix's CPU on every
+worker.  Inside the prefix, an envelope's hash being set on an unbalanced
+operation is what marks it as such a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from flamestream.core.dead_letter import dead_letter
+from flamestream.core.grouping import Grouping
+from flamestream.core.item import Envelope, Item
+from flamestream.core.meta import GlobalTime
+from flamestream.core.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, Plan
+from flamestream.core.tick import Layout
+
+Outbox = tuple[dict[int, list[Envelope]], list[Item]]
+
+
+def front_envelopes(plan: Plan, layout: Layout, inputs: list[tuple[int, Item]]) -> dict[int, list[Envelope]]:
+    """Where a front sends stamped inputs, given as (entry hash, item): envelopes per worker.
+
+    The owner of the entry hash gets each input, or every worker does when the
+    entry is replicated.  The envelope carries the hash only where the entry
+    uses it (balanced, or marking a replicated copy).
+    """
+    entry = plan.entry
+    if plan.replicated:
+        envelopes: list[Envelope] = [(entry, h, item) for h, item in inputs]
+        return {worker: envelopes for worker in range(layout.workers)}
+    per_worker: dict[int, list[Envelope]] = {}
+    keep = plan.balances[entry] is not None
+    for h, item in inputs:
+        per_worker.setdefault(layout.owner(h), []).append((entry, h if keep else None, item))
+    return per_worker
+
+
+_SINK, _LOCAL, _HASHED = range(3)
+
+
+class Worker:
+    def __init__(self, plan: Plan, index: int, layout: Layout, cut: frozenset[int] = frozenset()) -> None:
+        """``cut``: groupings whose input is set aside in ``self.cut_off`` instead of processed — batch replay
+        runs each grouping in a stage of its own, so its state lives in exactly one place."""
+        self.plan = plan
+        self.cut = cut
+        self.cut_off: list[Envelope] = []
+        self.index = index
+        self.layout = layout
+        self.lo, self.hi = layout.range_of(index)
+        self._first = [r[0] if r else -1 for r in plan.routes]
+        """Each operation's first (for all but broadcast: only) downstream operation."""
+        self._modes = [_SINK if kind == SINK else _LOCAL if plan.balances[i] is None else _HASHED
+                       for i, kind in enumerate(plan.kinds)]
+        """How items reach each operation: appended to the barrier list, pushed here, or routed by hash."""
+        self.groupings: dict[int, Grouping] = {
+            i: Grouping(plan.windows[i]) for i, kind in enumerate(plan.kinds) if kind == GROUPING
+        }
+
+    def process(self, envelopes: list[Envelope]) -> Outbox:
+        """Run ``envelopes`` to completion; everything they produced in one outbox."""
+        return next(self.run(envelopes))
+
+    def run(self, envelopes: list[Envelope], flush: int | None = None) -> Iterator[Outbox]:
+        """Run ``envelopes`` to completion, handing the outbox over whenever ``flush`` items are pending in it.
+
+        Why pieces: a page of the inverted index fans out into thousands of
+        postings.  Handed over at once, at the end, the other workers and the
+        barrier idle until this worker is done and then work through its
+        output after it, so the page's latency is the sum of everyone's work.
+        Handed over as produced, they work alongside.  The last piece may be
+        empty; without ``flush`` it is the only one.
+        """
+        plan = self.plan
+        kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
+        equivalences, first = plan.equivalences, self._first
+        groupings = self.groupings
+        remote: dict[int, list[Envelope]] = {}
+        barrier: list[Item] = []
+        sent = 0
+        """Items in ``remote``."""
+        stack = envelopes[::-1]
+        lo, hi = self.lo, self.hi
+        outs: list[Item] | None
+        while stack:
+            op, h, item = stack.pop()
+            kind = kinds[op]
+            payload, gt, trace, tomb = item
+            copy = h is not None and balances[op] is None  # a replicated-prefix item (see module docstring)
+            emits = not copy or lo <= h <= hi  # type: ignore[operator]
+            try:
+                if kind == MAP:
+                    fn: Any = fns[op]
+                    outs = [(p, gt, trace + (i,), tomb) for i, p in enumerate(fn(payload))]
+                elif kind == GROUPING:
+                    eq = equivalences[op]
+                    outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
+                elif kind == MERGE:
+                    outs = [(payload, gt, trace + (0,), tomb)]
+                elif kind == BROADCAST:
+                    outs = None
+                else:
+                    if emits:
+                        barrier.append(item)
+                    continue
+            except Exception as exc:  # business logic failed: dead letter, never a dead worker
+                if emits:
+                    barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
+                continue
+            local: list[Envelope] = []
+            if outs is None:  # broadcast: a copy per output
+                for i, dst in enumerate(routes[op]):
+                    sent += self._route(dst, [(payload, gt, trace + (i,), tomb)], h, local, remote, barrier, copy,
+                                        emits)
+            elif not outs:
+                continue
+            else:  # every other operation has one downstream operation
+                sent += self._route(first[op], outs, h, local, remote, barrier, copy, emits)
+            if local:
+                local.reverse()
+                stack.extend(local)
+            if flush is not None and sent + len(barrier) >= flush and stack:
+                yield remote, barrier
+                remote, barrier, sent = {}, [], 0
+        yield remote, barrier
+
+    def _route(self, dst: int, outs: list[Item], h: int | None, local: list[Envelope],
+               remote: dict[int, list[Envelope]], barrier: list[Item], copy: bool, emits: bool) -> int:
+        """Send ``outs`` to ``dst``: the barrier, this worker's stack, or by hash; returns how many went remote."""
+        mode = self._modes[dst]
+        if mode == _LOCAL:
+            carried = h if copy else None
+            local.extend([(dst, carried, out) for out in outs])
+        elif mode == _SINK:
+            if emits:
+                barrier.extend(outs)
+        else:
+            return self._route_hashed(dst, outs, local, remote, barrier, copy, emits)
+        return 0
+
+    def _route_hashed(self, dst: int, items: list[Item], local: list[Envelope], remote: dict[int, list[Envelope]],
+                      barrier: list[Item], copy: bool, emits: bool) -> int:
+        """Route ``items`` bound to ``dst`` by its balancing function: here, to a remote worker, or dead letter.
+
+        A replicated-prefix ``copy`` keeps only what is local: the owner of the rest computes it itself.
+        Returns how many went to remote workers.
+        """
+        sent = 0
+        plan = self.plan
+        balance: Any = plan.balances[dst]
+        lo, hi = self.lo, self.hi
+        for item in items:
+            try:
+                h = balance(item[0])
+            except Exception as exc:
+                if emits:
+                    barrier.append((dead_letter(plan.names[dst], exc, item[0]), item[1], item[2], item[3]))
+                continue
+            if self.cut and dst in self.cut:
+                self.cut_off.append((dst, h, item))
+            elif lo <= h <= hi:
+                local.append((dst, h, item))
+            elif not copy:
+                remote.setdefault(self.layout.owner(h), []).append((dst, h, item))
+                sent += 1
+        return sent
+
+    def on_min_time(self, min_time: GlobalTime) -> None:
+        """The acker's minimal time moved: trim grouping state."""
+        for grouping in self.groupings.values():
+            grouping.trim(min_time)
+
+    @property
+    def replays(self) -> int:
+        return sum(g.replays for g in self.groupings.values())
+
+    def state_size(self) -> int:
+        return sum(g.held for g in self.groupings.values())

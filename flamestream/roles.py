@@ -1,0 +1,128 @@
+"""``flamestream node``: which roles one node process hosts, from its command line.
+
+The node itself (``flamestream.runtime.node``) knows roles only through their
+protocol; this module is the one place that builds the service packages'
+roles from flags, so the runtime never imports a service and services never
+import each other.  A node may host any combination of one worker, one front,
+a barrier for any partitions and the acker: ``--worker 0 --front 0 --barrier 0
+--acker`` is a whole cluster in one process.  One worker and one front at
+most, because a node is one address: one place in the hash space and one
+source of global times.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from flamestream.acker.service import AckerRole
+from flamestream.barrier.service import BarrierRole
+from flamestream.cluster import ClusterStore
+from flamestream.core.hashing import INT32_MAX
+from flamestream.fronts.service import FrontRole
+from flamestream.runtime import hosting, logs
+from flamestream.runtime.channels import LocalEndpoints
+from flamestream.runtime.node import Node, Role, add_arguments
+from flamestream.workers.service import WorkerRole
+
+
+def _count(low: int, what: str) -> Callable[[str], int]:
+    """An argparse type for integers from ``low`` to INT32_MAX (ids travel as int32s)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= INT32_MAX:
+            raise argparse.ArgumentTypeError(f"{what} must be in {low}..{INT32_MAX}, got {value}")
+        return value
+
+    return parse
+
+
+def _partitions(text: str) -> tuple[int, ...]:
+    try:
+        partitions = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated front ids such as 0,1, got {text!r}") from None
+    if partitions[0] < 0:
+        raise argparse.ArgumentTypeError(f"partitions are front ids and cannot be negative, got {text!r}")
+    return tuple(partitions)
+
+
+def add_role_arguments(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser)
+    roles = parser.add_argument_group("roles (any combination, at least one)")
+    roles.add_argument("--worker", type=_count(0, "worker index"), metavar="I",
+                       help="host worker I (hash range I of the tick's layout)")
+    roles.add_argument("--front", type=_count(0, "front id"), metavar="F",
+                       help="host front F (the front part of global times); needs --data-dir")
+    roles.add_argument("--barrier", type=_partitions, metavar="P[,P...]",
+                       help="host the barrier of these partitions (partition F is front F's output); needs --data-dir")
+    roles.add_argument("--acker", action="store_true", help="host the cluster's acker")
+    worker = parser.add_argument_group("worker options")
+    worker.add_argument("--batch-items", type=_count(1, "--batch-items"), default=256,
+                        help="most items per outgoing message; a step ships its output whenever this many are "
+                             "pending, so receivers start on it while the step runs on (default 256)")
+    worker.add_argument("--linger-ms", type=float, default=0.0,
+                        help="wait this long after input arrives to gather more before a step (default 0)")
+    front = parser.add_argument_group("front options")
+    front.add_argument("--report-interval-ms", type=_count(1, "--report-interval-ms"), default=5,
+                       help="how often to report the front's time to the acker, default 5")
+    front.add_argument("--max-event-bytes", type=_count(1, "--max-event-bytes"), default=1 << 20,
+                       help="largest event accepted, default 1048576")
+    barrier = parser.add_argument_group("barrier options")
+    barrier.add_argument("--release", choices=("after-min-time", "on-arrival"), default="after-min-time",
+                         help="after-min-time (exactly-once, default) or on-arrival: guarantees off, for benchmarks "
+                              "against peers without exactly-once (no invalidation, no waiting for the acker)")
+
+
+def node_name(args: argparse.Namespace) -> str:
+    """``--name``, or one derived from the first role: node-worker0, node-front0, ..."""
+    if args.name:
+        return str(args.name)
+    hosted = (["acker"] if args.acker else []) + ([f"worker{args.worker}"] if args.worker is not None else []) + \
+        ([f"front{args.front}"] if args.front is not None else []) + ([f"barrier{args.barrier[0]}"] if args.barrier
+                                                                     else [])
+    return f"node-{hosted[0]}" if hosted else "node"
+
+
+def check(args: argparse.Namespace) -> None:
+    """Raise ValueError naming what is wrong with a node's flags."""
+    if args.worker is None and args.front is None and not args.barrier and not args.acker:
+        raise ValueError("a node needs at least one role: --worker, --front, --barrier or --acker")
+    if (args.front is not None or args.barrier) and args.data_dir is None:
+        raise ValueError("fronts and barriers keep durable logs: give --data-dir")
+    if args.linger_ms < 0:
+        raise ValueError("--linger-ms must be >= 0")
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Open every role's durable state, then run the node until it stops; returns the exit code."""
+    local = LocalEndpoints()
+    store = ClusterStore(args.zookeeper, cluster=args.cluster)
+    roles: list[Role] = []
+    if args.acker:
+        roles.append(AckerRole())
+    if args.worker is not None:
+        roles.append(WorkerRole(args.worker, args.batch_items, args.linger_ms))
+    if args.front is not None:
+        roles.append(await FrontRole.open(args.front, args.data_dir, local, report_interval_ms=args.report_interval_ms,
+                                          max_event_bytes=args.max_event_bytes))
+    if args.barrier:
+        roles.append(BarrierRole(store, args.data_dir, args.barrier, args.release == "on-arrival"))
+    node = Node(node_name(args), roles, store, local, host=args.host, port=args.port)
+    return await node.run()
+
+
+def main(args: argparse.Namespace) -> int:
+    logs.configure(node_name(args), args.log_file, args.log_format, args.log_level)
+    code = 0
+
+    async def run() -> None:
+        nonlocal code
+        code = await serve(args)
+
+    hosting.run(run)
+    return code

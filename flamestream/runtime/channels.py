@@ -1,0 +1,176 @@
+"""Streams between cluster members: in-process between roles of one node, gRPC between nodes.
+
+A node hosts several roles (worker, front, barrier, acker) behind one gRPC
+server, so every role of a node advertises the node's address.  A stream to
+that address needs no socket: ``Channels`` hands the message objects to the
+local servicer's own handler through a bounded queue.  The handler is the very
+method gRPC would call (``Worker.Exchange``, ``Barrier.Deliver``,
+``Acker.Ack``), run on a task of its own, so both paths have the same
+semantics: FIFO per stream, one message at a time, a full queue makes the
+writer wait (as HTTP/2 flow control does), an ``abort`` ends the stream and
+the next write raises ``StreamBroken``.  What the in-process path saves is
+serialization, the socket and the gRPC event-loop work on both ends.
+
+Messages handed over in-process are shared, not copied: senders build a new
+message for every write and never touch it afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from flamestream.runtime.hosting import CLOSE_TIMEOUT, ClientStream, StreamBroken
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as rpc
+from flamestream.wire import transport
+
+LOCAL_QUEUE = 64
+"""Messages an in-process stream holds before its writer waits: bounded, like a gRPC stream's flow-control window."""
+
+_M = TypeVar("_M", bound=Message)
+_M_contra = TypeVar("_M_contra", bound=Message, contravariant=True)
+
+StreamHandler = Callable[[AsyncIterator[Any], Any], Coroutine[Any, Any, Any]]
+"""A servicer's client-streaming method: (request iterator, context) -> response."""
+
+MinTimeWatch = Callable[[pb.Empty, Any], AsyncIterator[pb.GlobalTime]]
+"""The acker servicer's ``WatchMinTime``."""
+
+
+class LocalAbort(Exception):
+    """A local handler aborted its call, as ``context.abort`` does over gRPC."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class LocalContext:
+    """The part of ``grpc.aio.ServicerContext`` the cluster's handlers use, for calls that never leave the node."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise LocalAbort(code, details)
+
+
+class LocalEndpoints:
+    """The servicers of this node's roles, by method path: what an in-process stream delivers to."""
+
+    def __init__(self, address: str = "") -> None:
+        self.address = address
+        """The node's advertised address; set once its server is bound."""
+        self.streams: dict[str, StreamHandler] = {}
+        self.min_time: MinTimeWatch | None = None
+
+    def serves(self, address: str, method: str) -> StreamHandler | None:
+        return self.streams.get(method) if address == self.address else None
+
+
+_END = object()
+
+
+class LocalStream(Generic[_M]):
+    """One in-process client-streaming call: the same contract as ``ClientStream``, without the socket."""
+
+    def __init__(self, handler: StreamHandler, label: str) -> None:
+        self.label = label
+        self._handler = handler
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(LOCAL_QUEUE)
+        self._call: asyncio.Task[Any] | None = None
+
+    async def _requests(self) -> AsyncIterator[Any]:
+        while (message := await self._queue.get()) is not _END:
+            yield message
+
+    async def write(self, message: _M) -> None:
+        call = self._call
+        if call is None:
+            call = self._call = asyncio.create_task(self._handler(self._requests(), LocalContext()))
+        if call.done():
+            raise StreamBroken(f"stream to {self.label} broke ({_ended(call)})")
+        await self._queue.put(message)
+
+    async def close(self) -> None:
+        """End the stream and wait (bounded) until the handler has taken everything written."""
+        call, self._call = self._call, None
+        if call is None or call.done():
+            return
+        with contextlib.suppress(TimeoutError, asyncio.QueueFull):
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self._queue.put(_END)
+                await asyncio.wait([call])
+        if not call.done():
+            call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+
+
+def _ended(call: asyncio.Task[Any]) -> str:
+    if call.cancelled():
+        return "cancelled"
+    exc = call.exception()
+    return str(exc) if exc is not None else "the receiver ended it"
+
+
+class Stream(Protocol[_M_contra]):
+    """What a role writes to: a long-lived, FIFO stream of messages to one member."""
+
+    label: str
+
+    async def write(self, message: _M_contra) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Channels:
+    """One role's outgoing streams and channels; in-process where the address is this node's own.
+
+    A role keeps one ``Channels`` per tick and closes it when the tick is
+    replaced, so streams of superseded deployments end cleanly.
+    """
+
+    def __init__(self, local: LocalEndpoints) -> None:
+        self._local = local
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._streams: dict[tuple[str, str], Stream[Any]] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = transport.channel(address)
+        return self._channels[address]
+
+    def stream(self, address: str, method: str, label: str = "") -> Stream[Any]:
+        """The stream to ``method`` at ``address``, opened on first use and then reused (FIFO per stream)."""
+        stream = self._streams.get((address, method))
+        if stream is None:
+            label = label or address
+            handler = self._local.serves(address, method)
+            stream = (LocalStream[Any](handler, f"{label} (in-process)") if handler is not None
+                      else ClientStream[Any](self.channel(address), method, label))
+            self._streams[(address, method)] = stream
+        return stream
+
+    async def write(self, address: str, method: str, message: Message) -> None:
+        await self.stream(address, method).write(message)
+
+    def watch_min_time(self, acker: str) -> AsyncIterator[pb.GlobalTime]:
+        """The acker's min-time stream: the acker's own generator when it runs on this node."""
+        if acker == self._local.address and self._local.min_time is not None:
+            return self._local.min_time(pb.Empty(), LocalContext())
+        call: AsyncIterator[pb.GlobalTime] = rpc.AckerStub(self.channel(acker)).WatchMinTime(
+            pb.Empty(), wait_for_ready=True)
+        return call
+
+    async def close(self) -> None:
+        """Half-close every stream and wait (bounded) for its receiver, so nothing written is cancelled in flight."""
+        streams, channels = list(self._streams.values()), list(self._channels.values())
+        self._streams.clear()
+        self._channels.clear()
+        await asyncio.gather(*(stream.close() for stream in streams))
+        for channel in channels:
+            await channel.close()

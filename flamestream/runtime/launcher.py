@@ -1,0 +1,537 @@
+"""Process management behind ``flamestream up`` and ``flamestream down``.
+
+A local cluster is a set of detached processes (each in its own session, so
+closing the terminal or a Ctrl-C aimed at the launcher does not kill them)
+that outlive the ``up`` command.  Everything ``down`` needs to find them again
+is written to ``DIR/cluster.json`` *as soon as each process is spawned*, so
+even an ``up`` that is itself killed half-way leaves nothing ``down`` cannot
+stop.  Each process is recorded with its pid and the kernel's start time for
+that pid: a pid can be reused by an unrelated process after ours died, and
+``down`` must never signal a stranger.
+
+A cluster is ZooKeeper plus node processes (``flamestream node``), each
+hosting some of the roles (``plan_nodes``).  ``node_args`` is the one place
+that turns a node's roles into a command line; the docker-compose file is
+checked against it so the two ways of running a cluster cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore, zookeeper_serving
+
+ZOOKEEPER = "zookeeper"
+
+
+STATE_FILE = "cluster.json"
+LOG_DIR = "logs"
+DEFAULT_TIMEOUT = 60.0
+SERVICE_GRACE = 10.0
+# The coordinator gives its JVM 10 s to stop on SIGTERM; ours must be longer or
+# we would SIGKILL the coordinator while it is still shutting ZooKeeper down.
+ZOOKEEPER_GRACE = 15.0
+_ZOOKEEPER_LINE = re.compile(r"^zookeeper (\S+:\d+)$", re.MULTILINE)
+
+
+class StartError(Exception):
+    """A component of the cluster did not come up; carries what the user needs to see."""
+
+    def __init__(self, component: str, reason: str, log: str | None = None, output: str | None = None) -> None:
+        super().__init__(f"{component}: {reason}")
+        self.component = component
+        self.reason = reason
+        self.logs = list(dict.fromkeys(path for path in (log, output) if path is not None))
+        """The component's log and output files, if it has them (an external ZooKeeper has none of ours)."""
+
+
+class StopError(Exception):
+    """Some recorded processes could not be stopped (e.g. not ours to signal)."""
+
+
+NODE = "node"
+"""The role of node processes in the state file (ZooKeeper's process is ``zookeeper``)."""
+
+PLACEMENTS = ("nodes", "separate")
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """The roles one node process hosts: at most one worker and one front (a node is one place in the hash
+    space and one source of global times), any number of barrier partitions, maybe the acker."""
+
+    name: str
+    acker: bool = False
+    worker: int | None = None
+    front: int | None = None
+    barriers: tuple[int, ...] = ()
+    """Partitions; partition ``f`` is front ``f``'s output."""
+
+    def members(self) -> list[tuple[str, str]]:
+        """(role, member name) of everything the node registers in ZooKeeper."""
+        return ([(ACKER, ACKER)] if self.acker else []) + \
+            ([(WORKER, f"{WORKER}{self.worker}")] if self.worker is not None else []) + \
+            ([(FRONT, f"{FRONT}{self.front}")] if self.front is not None else []) + \
+            ([(BARRIER, f"{BARRIER}{self.barriers[0]}")] if self.barriers else [])
+
+
+def plan_nodes(nodes: int, fronts: int = 1, placement: str = "nodes") -> list[NodePlan]:
+    """Which node hosts what: the same members either way, so a cluster's output does not depend on it.
+
+    ``nodes``: ``nodes`` processes, node ``n`` runs worker ``n``; front ``f``
+    and the barrier of its partition run on node ``f``, the acker on node 0.
+    ``separate``: one process per member (the layout before nodes existed),
+    kept to measure what co-location saves.
+    """
+    if placement == "separate":
+        return ([NodePlan(ACKER, acker=True)] + [NodePlan(f"{WORKER}{i}", worker=i) for i in range(nodes)]
+                + [NodePlan(f"{FRONT}{f}", front=f) for f in range(fronts)]
+                + [NodePlan(f"{BARRIER}{f}", barriers=(f,)) for f in range(fronts)])
+    if placement != "nodes":
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if fronts > nodes:
+        raise ValueError(f"{fronts} fronts need at least {fronts} nodes (a node hosts at most one front); "
+                         f"got --nodes {nodes}")
+    return [NodePlan(f"{NODE}{n}", acker=n == 0, worker=n, front=n if n < fronts else None,
+                     barriers=(n,) if n < fronts else ()) for n in range(nodes)]
+
+
+def node_args(plan: NodePlan, *, zookeeper: str, cluster: str, data_dir: str, host: str = "127.0.0.1",
+              port: int = 0, exactly_once: bool = True, log_file: str | None = None,
+              log_format: str = "text") -> list[str]:
+    """Interpreter arguments (after ``python``) that run one node: the one place a plan becomes a command line.
+
+    ``exactly_once=False`` makes barriers release on arrival (guarantees off).
+    """
+    args = ["-m", "flamestream", NODE, "--zookeeper", zookeeper, "--cluster", cluster, "--name", plan.name,
+            "--host", host, "--port", str(port)]
+    args += ["--acker"] if plan.acker else []
+    args += ["--worker", str(plan.worker)] if plan.worker is not None else []
+    args += ["--front", str(plan.front)] if plan.front is not None else []
+    args += ["--barrier", ",".join(map(str, plan.barriers))] if plan.barriers else []
+    if plan.front is not None or plan.barriers:
+        args += ["--data-dir", data_dir]
+    if plan.barriers and not exactly_once:
+        args += ["--release", "on-arrival"]
+    if log_file is not None:
+        args += ["--log-file", log_file]
+    if log_format != "text":
+        args += ["--log-format", log_format]
+    return args
+
+
+# -- the state file ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProcessRecord:
+    """One launched process.  ``helpers`` are processes it started that must not outlive it (ZooKeeper's JVM)."""
+
+    role: str
+    name: str
+    pid: int
+    started: str | None
+    log: str
+    address: str = ""
+    output: str = ""
+    """Its stdout and stderr (for a node: the ready line, and anything that fails before logging is set up)."""
+    helpers: list[tuple[int, str | None]] = field(default_factory=list)
+    members: list[tuple[str, str]] = field(default_factory=list)
+    """(role, member name) a node hosts."""
+
+
+@dataclass
+class ClusterState:
+    cluster: str
+    zookeeper: str
+    own_zookeeper: bool
+    processes: list[ProcessRecord] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterState:
+        data = json.loads(text)
+        records = [ProcessRecord(**{**p, "helpers": [(int(pid), started) for pid, started in p.get("helpers", [])],
+                                    "members": [(str(role), str(name)) for role, name in p.get("members", [])]})
+                   for p in data["processes"]]
+        return cls(cluster=str(data["cluster"]), zookeeper=str(data["zookeeper"]),
+                   own_zookeeper=bool(data["own_zookeeper"]), processes=records)
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        """(name, address and hosted members) of ZooKeeper and every node, in start order."""
+        nodes = [(p.name, f"{p.address}  {' '.join(name for _, name in p.members)}")
+                 for p in self.processes if p.role != ZOOKEEPER]
+        return [(ZOOKEEPER, self.zookeeper), *nodes]
+
+
+def state_path(data_dir: Path) -> Path:
+    return data_dir / STATE_FILE
+
+
+def load_state(data_dir: Path) -> ClusterState | None:
+    """The recorded cluster, or None if there is none; a damaged file raises ValueError naming it."""
+    path = state_path(data_dir)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return ClusterState.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is damaged ({type(exc).__name__}: {exc}); remove it after checking that "
+                         "no flamestream process is left running") from exc
+
+
+def save_state(data_dir: Path, state: ClusterState) -> None:
+    """Write atomically, so a crash mid-write never leaves ``down`` a half file."""
+    path = state_path(data_dir)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(state.to_json())
+    tmp.replace(path)
+
+
+# -- processes ---------------------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name, or None without /proc or such a process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain spaces or ')'.
+    return text[text.rindex(")") + 2:].split()
+
+
+def start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/<pid>/stat): with the pid, a unique identity."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields is not None else None
+
+
+def is_alive(pid: int, started: str | None) -> bool:
+    """Whether ``pid`` is still the process we recorded, and not a zombie."""
+    with contextlib.suppress(ChildProcessError):
+        # Our own child (when ``up`` cleans up after a failure) stays a zombie
+        # until reaped; reaping it here is what makes it disappear.
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists but belongs to another user: only the start time can tell whether it is ours
+    fields = _proc_stat(pid)
+    if fields is None:
+        return started is None  # no /proc (not Linux): the pid is all we have
+    return fields[0] != "Z" and (started is None or fields[19] == started)
+
+
+def _signal(pid: int, started: str | None, sig: signal.Signals) -> None:
+    if is_alive(pid, started):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _children(pid: int) -> list[tuple[int, str | None]]:
+    """Direct children of ``pid`` (found through /proc; empty where there is none)."""
+    found: list[tuple[int, str | None]] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                fields = _proc_stat(int(entry.name))
+                if fields is not None and fields[1] == str(pid):
+                    found.append((int(entry.name), fields[19]))
+    return found
+
+
+def alive_processes(state: ClusterState) -> list[ProcessRecord]:
+    return [p for p in state.processes
+            if is_alive(p.pid, p.started) or any(is_alive(pid, s) for pid, s in p.helpers)]
+
+
+def _wait_gone(targets: list[tuple[int, str | None]], timeout: float) -> list[tuple[int, str | None]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [(pid, started) for pid, started in targets if is_alive(pid, started)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def _stop_group(records: list[ProcessRecord], grace: float) -> None:
+    """SIGTERM, wait up to ``grace``, then SIGKILL the processes and their helpers; wait until all are gone."""
+    main = [(p.pid, p.started) for p in records]
+    for pid, started in main:
+        _signal(pid, started, signal.SIGTERM)
+    left = _wait_gone(main, grace)
+    for pid, started in left:
+        _signal(pid, started, signal.SIGKILL)
+    helpers = [h for p in records for h in p.helpers]
+    if left:
+        # A process killed with SIGKILL cannot stop what it started; its
+        # helpers lead their own process groups (see coordinator.zookeeper).
+        for pid, started in helpers:
+            if is_alive(pid, started):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+    stuck = _wait_gone(main + helpers, 5.0)
+    if stuck:
+        raise StopError("could not stop pid(s) " + ", ".join(str(pid) for pid, _ in stuck))
+
+
+def _port_free(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Same as a server's listening socket: connections in TIME_WAIT do not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, int(port)))
+        except OSError:
+            return False
+        return True
+
+
+def stop_cluster(state: ClusterState) -> list[str]:
+    """Stop every recorded process, ZooKeeper last; returns addresses still bound afterwards.
+
+    Services go first so they can close their ZooKeeper sessions (and drop
+    their ephemeral membership) while ZooKeeper is still there to hear it.
+    Raises StopError if a process survives SIGKILL or cannot be signalled.
+    """
+    services = [p for p in state.processes if p.role != ZOOKEEPER]
+    zookeeper = [p for p in state.processes if p.role == ZOOKEEPER]
+    _stop_group(services, SERVICE_GRACE)
+    _stop_group(zookeeper, ZOOKEEPER_GRACE)
+    addresses = [p.address for p in state.processes if p.address]
+    deadline = time.monotonic() + 5.0
+    while True:
+        busy = [a for a in addresses if not _port_free(a)]
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        time.sleep(0.1)
+
+
+# -- starting ----------------------------------------------------------------------------------------------
+
+
+def log_tail(path: str | Path, lines: int = 20) -> str:
+    """The last lines of a log, reading only its end (logs of long runs get big)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16 * 1024))
+            data = f.read()
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:]) or "(empty log)"
+
+
+def _child_env() -> dict[str, str]:
+    """The services' environment: unbuffered output, so their logs are current."""
+    return dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+@dataclass
+class UpOptions:
+    data_dir: Path
+    nodes: int = 2
+    """Also the number of workers: one per node."""
+    fronts: int = 1
+    placement: str = "nodes"
+    """``nodes`` (co-located roles) or ``separate`` (a process per role); see ``plan_nodes``."""
+    log_format: str = "text"
+    zookeeper: str | None = None
+    cluster: str = "default"
+    timeout: float = DEFAULT_TIMEOUT
+    exactly_once: bool = True
+    """False: barriers release on arrival (guarantees off, for benchmarks against peers without them)."""
+
+
+class _Launcher:
+    """Spawns the processes of one ``up`` and records each in the state file immediately."""
+
+    def __init__(self, options: UpOptions, state: ClusterState) -> None:
+        self.options = options
+        self.data_dir = options.data_dir
+        self.state = state
+        self.popen: dict[str, subprocess.Popen[bytes]] = {}
+        self.log_start: dict[str, int] = {}
+        self.env = _child_env()
+
+    def spawn(self, role: str, name: str, args: list[str], log: Path | None = None) -> ProcessRecord:
+        """Start ``args``; its stdout and stderr go to ``DIR/logs/<name>.out``, which is also its log unless it
+        writes one itself (``log``: a node's structured log stays free of anything else)."""
+        output = self.data_dir / LOG_DIR / f"{name}.out"
+        argv = [sys.executable, *args]
+        with output.open("ab") as out:
+            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode())
+            out.flush()
+            self.log_start[name] = out.tell()
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=self.data_dir, env=self.env, start_new_session=True)
+        record = ProcessRecord(role=role, name=name, pid=proc.pid, started=start_time(proc.pid), log=str(log or output),
+                               output=str(output))
+        self.popen[name] = proc
+        self.state.processes.append(record)
+        save_state(self.data_dir, self.state)
+        return record
+
+    def failure(self, record: ProcessRecord, reason: str) -> StartError:
+        return StartError(record.name, reason, record.log, record.output)
+
+    def check_running(self, record: ProcessRecord) -> None:
+        code = self.popen[record.name].poll()
+        if code is not None:
+            raise self.failure(record, f"exited with code {code} during start-up")
+
+    def start_zookeeper(self, deadline: float) -> None:
+        record = self.spawn(ZOOKEEPER, ZOOKEEPER, ["-m", "flamestream.coordinator", "zookeeper", "--data-dir",
+                                                   str(self.data_dir / ZOOKEEPER)])
+        while True:
+            with open(record.output, "rb") as f:
+                f.seek(self.log_start[record.name])
+                found = _ZOOKEEPER_LINE.search(f.read().decode("utf-8", "replace"))
+            if found:
+                break
+            self.check_running(record)
+            if time.monotonic() >= deadline:
+                raise self.failure(record, f"did not report its address within {self.options.timeout:g}s")
+            time.sleep(0.1)
+        record.address = found.group(1)
+        record.helpers = _children(record.pid)
+        while not zookeeper_serving(record.address):
+            self.check_running(record)
+            if time.monotonic() >= deadline:
+                raise self.failure(record, f"does not serve requests within {self.options.timeout:g}s")
+            time.sleep(0.05)
+        self.state.zookeeper = record.address
+        save_state(self.data_dir, self.state)
+
+    def start_nodes(self) -> None:
+        # One data directory for all: fronts and barriers keep their logs in
+        # per-id subdirectories of it (input/front-<id>, topic/<partition>),
+        # where replay and the oracle checks find every front's input.
+        options = self.options
+        for plan in plan_nodes(options.nodes, options.fronts, options.placement):
+            log = self.data_dir / LOG_DIR / f"{plan.name}.log"
+            record = self.spawn(NODE, plan.name, node_args(
+                plan, zookeeper=self.state.zookeeper, cluster=self.state.cluster, data_dir=str(self.data_dir),
+                exactly_once=options.exactly_once, log_file=str(log), log_format=options.log_format), log)
+            record.members = plan.members()
+        save_state(self.data_dir, self.state)
+
+    def wait_registered(self, store: ClusterStore, deadline: float) -> None:
+        """Block until every node registered all its members in ZooKeeper; record the nodes' addresses."""
+        nodes = [p for p in self.state.processes if p.role == NODE]
+        while True:
+            registered = {role: store.members(role) for role in SERVICE_ROLES}
+            missing: list[ProcessRecord] = []
+            for record in nodes:
+                self.check_running(record)
+                info = [registered[role].get(name, {}) for role, name in record.members]
+                # Members left over from another run carry another node's name: wait for ours.
+                if any(entry.get("node") != record.name for entry in info):
+                    missing.append(record)
+                else:
+                    record.address = str(info[0]["address"])
+            if not missing:
+                break
+            if time.monotonic() >= deadline:
+                raise self.failure(missing[0], f"did not register in ZooKeeper within {self.options.timeout:g}s")
+            time.sleep(0.1)
+        save_state(self.data_dir, self.state)
+
+    def wait_serving(self, deadline: float) -> None:
+        """Block until every node answers the standard gRPC health check with SERVING."""
+        for record in (p for p in self.state.processes if p.role == NODE):
+            while True:
+                self.check_running(record)
+                status = _health(record.address)
+                if status == "SERVING":
+                    break
+                if time.monotonic() >= deadline:
+                    raise self.failure(record, f"registered {record.address} but its health check says {status} "
+                                               f"after {self.options.timeout:g}s")
+                time.sleep(0.1)
+
+
+_HEALTH_CHECK = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/Check"
+
+
+def _health(address: str) -> str:
+    """The health status name of ``address``, or why it could not be asked.
+
+    Called through the method path because the typing stubs of the generated
+    HealthStub declare no methods.
+    """
+    with grpc.insecure_channel(address) as channel:
+        check = channel.unary_unary(_HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                    response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        try:
+            reply = check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+        except grpc.RpcError as exc:
+            return f"unreachable ({exc.code().name})" if isinstance(exc, grpc.Call) else "unreachable"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def start_cluster(options: UpOptions) -> ClusterState:
+    """Start ZooKeeper (unless given) and every service detached; return once all serve.
+
+    On any failure (or Ctrl-C) everything started so far is stopped and the
+    state file removed before the error propagates, so a failed ``up`` leaves
+    nothing behind.
+    """
+    data_dir = options.data_dir
+    (data_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    state = ClusterState(cluster=options.cluster, zookeeper=options.zookeeper or "",
+                         own_zookeeper=options.zookeeper is None)
+    launcher = _Launcher(options, state)
+    deadline = time.monotonic() + options.timeout
+    try:
+        if options.zookeeper is None:
+            launcher.start_zookeeper(deadline)
+        store = ClusterStore(state.zookeeper, cluster=options.cluster,
+                             timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+        try:
+            store.start()
+        except TimeoutError as exc:
+            own = [p.log for p in state.processes if p.role == ZOOKEEPER]
+            raise StartError(ZOOKEEPER, str(exc), *own[:1]) from None
+        try:
+            launcher.start_nodes()
+            launcher.wait_registered(store, deadline)
+        finally:
+            store.stop()
+        launcher.wait_serving(deadline)
+    except BaseException:
+        with contextlib.suppress(StopError):
+            stop_cluster(state)
+        state_path(data_dir).unlink(missing_ok=True)
+        raise
+    return state
+
+
+def format_endpoints(endpoints: Iterable[tuple[str, str]]) -> str:
+    rows = list(endpoints)
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {address}" for name, address in rows)
+

@@ -1,0 +1,79 @@
+"""Supervision of a node's long-lived tasks: no failure is silent.
+
+Every task a role runs for its whole life (a worker's processing loop, its
+min-time watch, a front's reports, a barrier's releases, the tick follower)
+is started here.  A task that raises — or simply returns while the node is
+not stopping — is logged with its traceback and turns its role, and with it
+the node's overall health, NOT_SERVING: a broken acker stream that stops
+state trimming, or a release loop that died, shows in the gRPC health check
+and the log instead of as output that quietly stops.
+An *essential* task's failure also stops the node with a non-zero exit code:
+the role cannot go on, and a supervisor (``up``, docker's ``restart``) sees a
+dead process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from grpc_health.v1 import health, health_pb2
+
+from flamestream.runtime.logs import role_logger
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class Supervisor:
+    def __init__(self, health_servicer: health.aio.HealthServicer) -> None:
+        self.health = health_servicer
+        self.failures: dict[str, str] = {}
+        """Role name -> why it turned NOT_SERVING (the first failure)."""
+        self.fatal = asyncio.Event()
+        """Set when an essential task failed: the node stops and exits non-zero."""
+        self.stopping = False
+        self._tasks: dict[asyncio.Task[Any], tuple[str, str, bool]] = {}
+        self._health_updates: set[asyncio.Task[None]] = set()
+
+    async def serving(self, roles: list[str]) -> None:
+        """Declare the node and each of ``roles`` SERVING (each role is also a health service name)."""
+        for role in ["", *roles]:
+            await self.health.set(role, SERVING)
+
+    def spawn(self, role: str, what: str, coro: Coroutine[Any, Any, Any], essential: bool = False) -> asyncio.Task[Any]:
+        """Run ``coro`` as ``role``'s task ``what``; its end outside shutdown is a failure of ``role``."""
+        task = asyncio.create_task(coro, name=f"{role}: {what}")
+        self._tasks[task] = (role, what, essential)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        role, what, essential = self._tasks.pop(task)
+        if task.cancelled() or self.stopping:
+            return
+        error = task.exception()
+        self.fail(role, f"{what} {'failed' if error is not None else 'ended unexpectedly'}", error, essential)
+
+    def fail(self, role: str, reason: str, error: BaseException | None = None, essential: bool = False) -> None:
+        """Log ``reason`` (with ``error``'s traceback) and turn ``role`` and the node NOT_SERVING."""
+        role_logger(role).log(logging.CRITICAL if essential else logging.ERROR,
+                              "%s; %s is NOT_SERVING%s", reason, role, " and the node stops" if essential else "",
+                              exc_info=error)
+        self.failures.setdefault(role, f"{reason}: {error!r}" if error is not None else reason)
+        for service in (role, ""):
+            update = asyncio.create_task(self.health.set(service, NOT_SERVING))
+            self._health_updates.add(update)
+            update.add_done_callback(self._health_updates.discard)
+        if essential:
+            self.fatal.set()
+
+    async def stop(self) -> None:
+        """Cancel every task still running and wait for them: the node is shutting down."""
+        self.stopping = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, *self._health_updates, return_exceptions=True)

@@ -1,0 +1,104 @@
+"""Node processes for real: placement, health per role, and failures that show (logged, NOT_SERVING).
+
+The oracle checks of whole workloads over each placement (one node hosting
+every role, several nodes, a process per role) are in tests/test_cluster_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from flamestream.client import Client
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flamestream", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180)
+
+
+def health(address: str, service: str) -> str:
+    with grpc.insecure_channel(address) as channel:
+        check = channel.unary_unary(HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                    response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        reply = check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def eventually(check: Any, what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path, zookeeper: str, cluster_name: str) -> Iterator[tuple[Path, dict[str, Any]]]:
+    data = tmp_path / "cluster"
+    up = cli("up", "--nodes", "2", "--log-format", "json", "--data-dir", str(data), "--zookeeper", zookeeper,
+             "--cluster", cluster_name)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield data, json.loads((data / "cluster.json").read_text())
+    finally:
+        down = cli("down", "--data-dir", str(data))
+        assert down.returncode == 0, down.stderr
+
+
+def test_up_places_roles_on_nodes_and_each_role_has_health(two_nodes: tuple[Path, dict[str, Any]]) -> None:
+    data, state = two_nodes
+    nodes = {p["name"]: p for p in state["processes"] if p["role"] == "node"}
+    assert {name: [member for _, member in p["members"]] for name, p in nodes.items()} == {
+        "node0": ["acker", "worker0", "front0", "barrier0"], "node1": ["worker1"]}
+    for node in nodes.values():
+        for service in ["", *(member for _, member in node["members"])]:
+            assert health(node["address"], service) == "SERVING", (node["name"], service)
+    # The structured log: one JSON object per line, naming node and role.
+    entries = [json.loads(line) for line in (data / "logs" / "node0.log").read_text().splitlines()]
+    assert any(e["node"] == "node0" and e["level"] == "INFO" and "serving acker, worker0, front0, barrier0" in
+               e["message"] for e in entries)
+
+
+def test_a_killed_node_turns_its_peers_worker_not_serving_with_a_logged_traceback(
+        two_nodes: tuple[Path, dict[str, Any]], zookeeper: str, cluster_name: str) -> None:
+    data, state = two_nodes
+    assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper, "--cluster", cluster_name).returncode == 0
+    with Client(zookeeper, cluster_name) as client:
+        client.push(["a b a"])
+        got = [r.payload for r, _ in zip(client.consume(group="g", timeout=30), range(3), strict=False)]
+    assert sorted(got, key=json.dumps) == sorted([{"word": "a", "count": 1}, {"word": "b", "count": 1},
+                                                  {"word": "a", "count": 2}], key=json.dumps)  # it was running
+    node0, node1 = (next(p for p in state["processes"] if p["name"] == name) for name in ("node0", "node1"))
+    os.kill(node0["pid"], signal.SIGKILL)  # the acker's node: worker1's min-time watch breaks
+    eventually(lambda: health(node1["address"], "worker1") == "NOT_SERVING", "worker1 to turn NOT_SERVING")
+    assert health(node1["address"], "") == "NOT_SERVING"
+
+    def failure() -> dict[str, Any] | None:
+        for line in (data / "logs" / "node1.log").read_text().splitlines():
+            entry: dict[str, Any] = json.loads(line)
+            if entry["role"] == "worker1" and "min-time watch" in entry["message"]:
+                return entry
+        return None
+
+    entry = eventually(failure, "the failure in node1's log")
+    assert entry["level"] == "ERROR" and entry["node"] == "node1"
+    assert "worker1 is NOT_SERVING" in entry["message"]
+    assert entry["exc"].startswith("Traceback") and "UNAVAILABLE" in entry["exc"]
