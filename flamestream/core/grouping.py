@@ -33,6 +33,8 @@ from flamestream.core.item import Item
 from flamestream.core.meta import CHILD_BITS, GlobalTime, Trace
 
 MetaKey = tuple[GlobalTime, Trace]
+Entries = list[tuple[MetaKey, Any]]
+"""A bucket's items as (meta, payload), in meta order."""
 
 
 class Bucket:
@@ -139,6 +141,37 @@ class Grouping:
             emitted[j] = (new_trace, window)
             out.append((window, gt, new_trace, False))
         return out
+
+    def snapshot(self, below: GlobalTime) -> list[tuple[Hashable, Entries]]:
+        """The state a later tick needs from items with global time below ``below``: per key, the last
+        ``window - 1`` of them (trimming at ``below`` would keep exactly those).
+
+        Only valid once the min time reached ``below``: then no item below it
+        can still arrive, so windows ending at those items never change again
+        and what they emitted is not needed; items at or after ``below`` (in
+        flight on this tick) are not part of it.
+        """
+        keep = self.window - 1
+        floor = (below,)
+        out: list[tuple[Hashable, Entries]] = []
+        if keep == 0:
+            return out
+        for key, bucket in self.buckets.items():
+            end = bisect_left(bucket.metas, floor)
+            start = max(0, end - keep)
+            if end > start:
+                out.append((key, list(zip(bucket.metas[start:end], bucket.payloads[start:end], strict=True))))
+        return out
+
+    def restore(self, key: Hashable, entries: Entries) -> None:
+        """Start bucket ``key`` from a snapshot's entries (a new tick, before any of its own items)."""
+        if key in self.buckets:
+            raise ValueError(f"bucket {key!r} restored twice or after items arrived")
+        bucket = self.buckets[key] = Bucket()
+        bucket.metas = [meta for meta, _ in entries]
+        bucket.payloads = [payload for _, payload in entries]
+        bucket.emitted = [None] * len(entries)
+        self.held += len(entries)
 
     def trim(self, min_time: GlobalTime) -> None:
         """Forget what no future window can need once ``min_time`` has passed.

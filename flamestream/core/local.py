@@ -31,7 +31,7 @@ from flamestream.core.item import Item, envelope_meta, envelope_time, item_meta,
 from flamestream.core.meta import MAX_TIME, GlobalTime
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout
-from flamestream.core.worker import Outbox, Worker, front_envelopes
+from flamestream.core.worker import Outbox, Worker, WorkerState, front_envelopes, merge_states
 
 Channel = tuple[str, int, int]
 """("front", front, worker) | ("worker", src, dst) | ("barrier", worker, 0)."""
@@ -58,20 +58,38 @@ class RunStats:
         return self.reached_barrier / self.released if self.released else 1.0
 
 
+@dataclass(frozen=True)
+class Handover:
+    """A new tick from global time ``at`` on: ``graph`` (None: the same one) on ``workers`` hash ranges.
+
+    Fronts hold events at or after ``at`` until the min time reaches it; then
+    the workers' snapshots below ``at`` are merged and every new worker
+    takes the keys its range owns — the hand-over the cluster performs.
+    """
+
+    at: GlobalTime
+    workers: int
+    graph: Graph | None = None
+
+
 @dataclass
 class RunResult:
     output: list[Released]
     rejected: list[Any] = field(default_factory=list)
     stats: RunStats = field(default_factory=RunStats)
+    handed_over: list[tuple[GlobalTime, WorkerState]] = field(default_factory=list)
+    """The merged state each hand-over carried, at its boundary."""
 
 
 class LocalRuntime:
     def __init__(self, graph: Graph, workers: int = 1, fronts: int = 1, seed: int = 0, per_ms: int = 1,
-                 batch: int = 1, adversarial: bool = False) -> None:
+                 batch: int = 1, adversarial: bool = False, handovers: Iterable[Handover] = ()) -> None:
         """``batch`` bounds how many events a front injects in one step (drawn uniformly from 1..batch):
-        bursts put more items in flight at once and so cause more out-of-order arrivals and replays."""
+        bursts put more items in flight at once and so cause more out-of-order arrivals and replays.
+        ``handovers``: ticks that follow the first one (see ``Handover``)."""
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        self.handovers = sorted(handovers, key=lambda h: h.at)
         self.plan = compile_graph(graph)
         self.layout = Layout.even(workers)
         self.fronts = fronts
@@ -85,7 +103,9 @@ class LocalRuntime:
 
     def run_stamped(self, stamped: list[Stamped]) -> RunResult:
         rng = self.rng
-        workers = [Worker(self.plan, i, self.layout) for i in range(self.layout.workers)]
+        plan, layout = self.plan, self.layout
+        handovers = deque(self.handovers)
+        workers = [Worker(plan, i, layout) for i in range(layout.workers)]
         acker = AckTable(range(self.fronts))
         barrier = BarrierBuffer()
         result = RunResult(output=[])
@@ -131,15 +151,31 @@ class LocalRuntime:
         released_to = acker.min_time()
         fronts_left = [f for f in range(self.fronts) if pending[f]]
         for f in range(self.fronts):
-            if not pending[f]:
-                acker.report(f, MAX_TIME.ts)
-        entry_balance = self.plan.entry_balance
+            # A front promises nothing older than its first event: a hand-over waits for every front's promise.
+            acker.report(f, pending[f][0][1].ts if pending[f] else MAX_TIME.ts)
+
+        def open_front(front: int) -> bool:
+            """Whether the front may inject now: before a hand-over only events of the current tick."""
+            return not handovers or pending[front][0][1] < handovers[0].at
+
         while True:
+            while handovers and acker.min_time() >= handovers[0].at:
+                # Everything below the boundary is done: the next tick starts from the merged snapshots.
+                handover = handovers.popleft()
+                state = merge_states(worker.snapshot(handover.at) for worker in workers)
+                result.handed_over.append((handover.at, state))
+                stats.replays += sum(w.replays for w in workers)
+                plan = compile_graph(handover.graph) if handover.graph is not None else plan
+                layout = Layout.even(handover.workers)
+                workers = [Worker(plan, i, layout) for i in range(layout.workers)]
+                for worker in workers:
+                    worker.restore(state)
             inbound: dict[int, list[Channel]] = {}
             for c, q in channels.items():
                 if q:
                     inbound.setdefault(-1 - c[1] if c[0] == "barrier" else c[2], []).append(c)
-            candidates: list[Any] = [("front", f) for f in fronts_left] + list(inbound.keys() | steps.keys())
+            candidates: list[Any] = [("front", f) for f in fronts_left if open_front(f)]
+            candidates += list(inbound.keys() | steps.keys())
             if not candidates:
                 break
             choice = rng.choice(candidates)
@@ -149,12 +185,14 @@ class LocalRuntime:
                 queue = pending[front]
                 inputs: list[tuple[int, Item]] = []
                 for _ in range(min(len(queue), rng.randint(1, self.batch))):
+                    if not open_front(front):
+                        break
                     _f, gt, trace, payload = queue.popleft()
                     try:
-                        inputs.append((entry_balance(payload), (payload, gt, trace, False)))
+                        inputs.append((plan.entry_balance(payload), (payload, gt, trace, False)))
                     except Exception:
                         result.rejected.append(payload)
-                for w, envs in front_envelopes(self.plan, self.layout, inputs).items():
+                for w, envs in front_envelopes(plan, layout, inputs).items():
                     send(("front", front, w), envs, envelope_time)
                 if queue:
                     acker.report(front, queue[0][1].ts)
@@ -188,11 +226,12 @@ class LocalRuntime:
                 for worker in workers:
                     worker.on_min_time(min_time)
                 stats.peak_state = max(stats.peak_state, sum(worker.state_size() for worker in workers))
-        if acker.in_flight() or len(barrier):
-            raise AssertionError(f"run ended with {acker.in_flight()} global times in flight, {len(barrier)} held")
+        if acker.in_flight() or len(barrier) or handovers:
+            raise AssertionError(f"run ended with {acker.in_flight()} global times in flight, {len(barrier)} held, "
+                                 f"{len(handovers)} hand-overs not reached")
         stats.reached_barrier = barrier.received
         stats.retractions = barrier.retractions
         stats.released = len(result.output)
-        stats.replays = sum(w.replays for w in workers)
+        stats.replays += sum(w.replays for w in workers)
         stats.final_state = sum(w.state_size() for w in workers)
         return result

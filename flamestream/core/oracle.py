@@ -18,15 +18,33 @@ from flamestream.core.dead_letter import dead_letter
 from flamestream.core.front import Stamped
 from flamestream.core.graph import Graph
 from flamestream.core.meta import GlobalTime
-from flamestream.core.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, compile_graph
+from flamestream.core.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, Plan, compile_graph
 
 Output = list[tuple[GlobalTime, Any]]
+Buckets = dict[tuple[int, Hashable], deque[Any]]
 
 
 def run_oracle(graph: Graph, stamped: list[Stamped]) -> tuple[Output, list[Any]]:
     """Return (released (global time, payload) in order, payloads rejected at the front)."""
+    output, rejected, _ = _run(compile_graph(graph), stamped)
+    return output, rejected
+
+
+def oracle_state(graph: Graph, stamped: list[Stamped], below: GlobalTime) -> dict[tuple[str, Hashable], list[Any]]:
+    """Grouping state after the inputs before ``below``, trimmed as workers trim it: by (grouping name, key),
+    the last ``window - 1`` payloads.  What a snapshot at ``below`` must hold."""
     plan = compile_graph(graph)
-    buckets: dict[tuple[int, Hashable], deque[Any]] = {}
+    _, _, buckets = _run(plan, [s for s in stamped if s[1] < below])
+    state: dict[tuple[str, Hashable], list[Any]] = {}
+    for (op, key), bucket in buckets.items():
+        kept = list(bucket)[1:] if len(bucket) == plan.windows[op] else list(bucket)
+        if kept:
+            state[(plan.names[op], key)] = kept
+    return state
+
+
+def _run(plan: Plan, stamped: list[Stamped]) -> tuple[Output, list[Any], Buckets]:
+    buckets: Buckets = {}
     output: Output = []
     rejected: list[Any] = []
     for _front, gt, _trace, payload in sorted(stamped, key=lambda s: (s[1], s[2])):
@@ -64,4 +82,4 @@ def run_oracle(graph: Graph, stamped: list[Stamped]) -> tuple[Output, list[Any]]
                 output.append((gt, dead_letter(plan.names[op], exc, p)))
                 continue
             stack.extend(reversed(outs))
-    return output, rejected
+    return output, rejected, buckets

@@ -23,17 +23,19 @@ operation is what marks it as such a copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 from flamestream.core.dead_letter import dead_letter
-from flamestream.core.grouping import Grouping
+from flamestream.core.grouping import Entries, Grouping
 from flamestream.core.item import Envelope, Item
 from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, Plan
 from flamestream.core.tick import Layout
 
 Outbox = tuple[dict[int, list[Envelope]], list[Item]]
+WorkerState = dict[str, list[tuple[int, Hashable, Entries]]]
+"""Grouping name -> (hash, bucket key, entries) of every bucket: what a tick hands the next one."""
 
 
 def front_envelopes(plan: Plan, layout: Layout, inputs: list[tuple[int, Item]]) -> dict[int, list[Envelope]]:
@@ -52,6 +54,15 @@ def front_envelopes(plan: Plan, layout: Layout, inputs: list[tuple[int, Item]]) 
     for h, item in inputs:
         per_worker.setdefault(layout.owner(h), []).append((entry, h if keep else None, item))
     return per_worker
+
+
+def merge_states(states: Iterable[WorkerState]) -> WorkerState:
+    """One tick's complete state from its workers' snapshots (their keys never overlap: one owner each)."""
+    merged: WorkerState = {}
+    for state in states:
+        for name, buckets in state.items():
+            merged.setdefault(name, []).extend(buckets)
+    return merged
 
 
 _SINK, _LOCAL, _HASHED = range(3)
@@ -183,6 +194,35 @@ class Worker:
                 remote.setdefault(self.layout.owner(h), []).append((dst, h, item))
                 sent += 1
         return sent
+
+    def snapshot(self, below: GlobalTime) -> WorkerState:
+        """The state of every grouping restricted to items below ``below``, by grouping name (see
+        ``Grouping.snapshot``), each key with its hash so another layout can find its owner."""
+        state: WorkerState = {}
+        for op, grouping in self.groupings.items():
+            keyed = self.plan.equivalences[op] is not None  # the key is (hash, equivalence key), else the hash
+            buckets: list[tuple[int, Hashable, Entries]] = []
+            for key, entries in grouping.snapshot(below):
+                h: Any = key[0] if keyed else key  # type: ignore[index]
+                buckets.append((h, key, entries))
+            state[self.plan.names[op]] = buckets
+        return state
+
+    def restore(self, state: WorkerState) -> None:
+        """Take over the keys of ``state`` (merged snapshots of a previous tick) that this worker's range owns.
+
+        Groupings are matched by name; a grouping the state does not mention
+        starts empty, and state of groupings this graph lacks is ignored
+        (deploy refuses to drop it unless asked to).
+        """
+        by_name = {self.plan.names[op]: grouping for op, grouping in self.groupings.items()}
+        for name, keys in state.items():
+            grouping = by_name.get(name)
+            if grouping is None:
+                continue
+            for h, key, entries in keys:
+                if self.lo <= h <= self.hi:
+                    grouping.restore(key, entries)
 
     def on_min_time(self, min_time: GlobalTime) -> None:
         """The acker's minimal time moved: trim grouping state."""

@@ -1,0 +1,107 @@
+"""Snapshot files and the value codec under them: exact round trips, and damage detected, never loaded."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from examples import inverted_index
+from flamestream.core import values
+from flamestream.core.front import stamp_inputs
+from flamestream.core.local import Handover, LocalRuntime
+from flamestream.core.meta import GlobalTime
+from flamestream.core.worker import WorkerState
+from flamestream.storage.snapshots import SnapshotError, read_snapshot, snapshot_path, write_snapshot
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=2**70),
+                    st.floats(allow_nan=False), st.text(), st.binary(max_size=20))
+hashables = st.recursive(scalars, lambda inner: st.one_of(st.tuples(inner, inner), st.frozensets(inner, max_size=3)),
+                         max_leaves=6)
+value_st = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                            st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                            st.dictionaries(hashables, inner, max_size=3), st.sets(hashables, max_size=3),
+                            st.frozensets(hashables, max_size=3)),
+    max_leaves=20)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal *and* of the same types all the way down (1 == 1.0 == True would hide a lossy codec)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(v, b[k]) for k, v in a.items())
+    return bool(a == b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=value_st)
+def test_values_round_trip_exactly(value: Any) -> None:
+    assert same(values.decode(values.encode(value)), value)
+
+
+def test_special_floats_and_refused_types() -> None:
+    decoded = values.decode(values.encode([math.nan, math.inf, -math.inf, -0.0]))
+    assert math.isnan(decoded[0]) and decoded[1:] == [math.inf, -math.inf, 0.0]
+    with pytest.raises(ValueError, match="type object cannot be encoded"):
+        values.encode({"x": object()})
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b'{"x": 1}', b'{"t": 5}', b'{"d": [[1]]}', b'{"d": [[[1], 2]]}',
+                                  b'{"b": "!!"}', b'{"i": "12a"}', b'{"f": "1e400"}', b"[" * 5000, b"\xff\xfe"])
+def test_bytes_it_did_not_write_raise_value_error_only(data: bytes) -> None:
+    with pytest.raises(ValueError, match="not an encoded value"):
+        values.decode(data)
+
+
+def handover_state() -> tuple[GlobalTime, WorkerState]:
+    """A real grouping state: the inverted index's, carried by a hand-over after 6 pages."""
+    pages = [{"id": str(i), "title": f"p{i}", "text": f"мяч {i % 3} goal {i % 2} the"} for i in range(10)]
+    stamped = stamp_inputs(pages, 1, 1)
+    result = LocalRuntime(inverted_index.graph(), workers=2,
+                          handovers=[Handover(stamped[6][1], workers=3)]).run_stamped(stamped)
+    ((at, state),) = result.handed_over
+    assert any(state.values()), "the example must carry state"
+    return at, state
+
+
+def test_a_snapshot_file_round_trips_a_workers_state(tmp_path: Path) -> None:
+    at, state = handover_state()
+    path = snapshot_path(tmp_path, at, 0)
+    written = write_snapshot(path, state, boundary=at, worker=0, tick=3)
+    info, back = read_snapshot(path)
+    assert info == written and info.boundary == at and info.tick == 3
+    assert back == state
+    assert all(type(gt) is GlobalTime for buckets in back.values() for _h, _k, entries in buckets
+               for (gt, _trace), _p in entries)
+    assert not list(path.parent.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "magic", "version"])
+def test_damage_is_detected_and_named(tmp_path: Path, damage: str) -> None:
+    at, state = handover_state()
+    path = snapshot_path(tmp_path, at, 1)
+    write_snapshot(path, state, boundary=at, worker=1, tick=0)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        del data[-10:]
+    elif damage == "flip":
+        data[-5] ^= 0x20
+    elif damage == "magic":
+        data[0:4] = b"junk"
+    else:
+        data = bytearray(bytes(data).replace(b'"version": 1', b'"version": 9', 1))
+    path.write_bytes(bytes(data))
+    expected = {"truncate": "truncated", "flip": "corrupted", "magic": "not a flamestream snapshot",
+                "version": "format version 9"}[damage]
+    with pytest.raises(SnapshotError, match=expected) as info:
+        read_snapshot(path)
+    assert str(path) in str(info.value)
