@@ -1,11 +1,9 @@
 """Acker servicer and process lifecycle.
 
-Every tick replaces the ack table with a fresh one for the tick's fronts,
-starting at the tick's start timestamp.  Hand-over between ticks is not
-implemented: entries still in flight under the previous table are dropped, and
-acks that arrive after the switch are applied to the new table whatever tick
-they belong to.  Redeploying therefore assumes the previous tick was drained
-(or will be replayed).
+A tick that starts afresh replaces the ack table with a new one for the
+tick's fronts, starting at the tick's start timestamp (entries in flight under
+the previous table are dropped).  A hand-over tick with the same fronts keeps
+the table: it tracks global times, whichever tick's items carry them.
 
 All state lives on the event loop thread, so no locks are needed: an ``Ack``
 message is applied, and its min-time change published, without yielding.
@@ -72,14 +70,27 @@ class AckerService(pb_grpc.AckerServicer):
         """The newest min time: where a new watcher starts."""
         self._published: GlobalTime | None = None
         """The min time last sent to the watchers (see AckTable.worth_publishing)."""
+        self._handover: GlobalTime | None = None
+        """The start of a hand-over tick: the min time reaching it is always published, even if only reports
+        moved it (the previous tick's workers hand over on it, and the new tick's items wait for that)."""
         self._watchers: set[_Latest] = set()
         self._closing = False
         self._deployed = asyncio.Event()
 
     def deploy(self, tick: Tick) -> None:
-        """Start tick ``tick`` with an empty table (see the module docstring on hand-over)."""
+        """Start tick ``tick`` with an empty table, or, for a hand-over with the same fronts, keep the table.
+
+        The table is indexed by global time, not by tick: during a hand-over
+        the previous tick's items (below the new tick's start) and the new
+        tick's are tracked side by side, and the min time passing the start
+        is what tells the previous tick's workers to hand their state over.
+        """
         if not tick.fronts:
             log.error("ignoring tick %d: it has no fronts", tick.number)
+            return
+        if tick.previous is not None and self._table is not None and frozenset(tick.fronts) == self._fronts:
+            log.info("tick %d takes over at %s; the ack table carries on", tick.number, tick.start)
+            self._handover = tick.start
             return
         self._table = AckTable(tick.fronts, start_ts=tick.start.ts)
         self._published = None
@@ -96,8 +107,11 @@ class AckerService(pb_grpc.AckerServicer):
     def _publish(self, min_time: GlobalTime) -> None:
         self._min = min_time
         assert self._table is not None
-        if not self._table.worth_publishing(self._published, min_time):
+        handover = self._handover is not None and min_time >= self._handover
+        if not handover and not self._table.worth_publishing(self._published, min_time):
             return
+        if handover:
+            self._handover = None
         self._published = min_time
         for watcher in self._watchers:
             watcher.put(min_time)

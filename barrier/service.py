@@ -9,10 +9,12 @@ partition's topic log with one fsynced ``append_many``; subscribers are woken
 once the append has returned, so they never see a record a crash could take
 back.
 
-Ticks: every tick starts with empty buffers and a new connection to the tick's
-acker.  Hand-over between ticks is not implemented: items buffered under the
-previous tick are dropped, and the release bound is reset until the new acker
-reports, so nothing delivered under the new tick is released by the old bound.
+Ticks: a tick that starts afresh starts with empty buffers and a new
+connection to the tick's acker: items buffered under the previous tick are
+dropped, and the release bound is reset until the new acker reports, so
+nothing delivered under the new tick is released by the old bound.  A
+hand-over tick with the same acker keeps both: buffers and releases only
+depend on global times.
 A lost acker connection is not repaired either (its acks are gone, so the
 tick's min time could not be trusted); the next tick reconnects.
 """
@@ -158,6 +160,11 @@ class BarrierService(pb_grpc.BarrierServicer):
             role_logger(self.name).error("ignoring tick %d: it names no acker", tick.number)
             return
         assert self.supervisor is not None, "start() comes before the first tick"
+        if tick.previous is not None and self._link is not None and self._link.address == tick.acker and \
+                self._link.error is None:
+            # A hand-over: items of both ticks are ordered by global time alone, and released by the one acker's
+            # min time, so the buffers and the acker link carry on.
+            return
         # Everything up to the swap happens without yielding, so no Deliver sees a half-applied tick.
         for partition in self._partitions.values():
             partition.reset()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
@@ -34,8 +35,8 @@ from typing import Any, TypeVar
 import grpc
 from kazoo.exceptions import KazooException  # type: ignore[import-untyped]
 
-from flamestream.cluster import ACKER, BARRIER, FRONT, WORKER, ClusterStore
-from flamestream.core.graph import Graph
+from flamestream.cluster import ACKER, BARRIER, FRONT, WORKER, ClusterStore, LeaseMoved
+from flamestream.core.graph import Graph, grouping_names
 from flamestream.core.hashing import stable_hash
 from flamestream.core.meta import GlobalTime
 from flamestream.core.payload import PayloadError, decode_payload, encode_payload
@@ -164,6 +165,24 @@ class _Backoff:
         self.failures += 1
         await asyncio.sleep(self.delay)
         self.delay = min(self.delay * 2, _MAX_DELAY)
+
+
+HANDOVER_ATTEMPTS = 20
+HANDOVER_LEAD_MS = 200
+"""A hand-over tick starts at least this far past now and past every front's stamping lease."""
+
+
+def _publish_handover(store: ClusterStore, tick: Tick) -> int:
+    """Publish ``tick`` starting past every lease, retrying when a front renews its lease meanwhile."""
+    for _ in range(HANDOVER_ATTEMPTS):
+        leases = store.leases()
+        start = max([time.time_ns() // 1_000_000, *(until for until, _ in leases.values())]) + HANDOVER_LEAD_MS
+        try:
+            return store.publish_tick(dataclasses.replace(tick, start=GlobalTime(start, 0)).to_dict(), leases)
+        except LeaseMoved:
+            continue
+    raise ClientError(f"the fronts' stamping leases moved during each of {HANDOVER_ATTEMPTS} attempts to publish "
+                      "the hand-over tick")
 
 
 class AsyncClient:
@@ -314,35 +333,94 @@ class AsyncClient:
 
     # -- deploy --------------------------------------------------------------------------------------------
 
-    async def deploy(self, graph: Graph) -> int:
-        """Publish a tick running ``graph`` on the registered members from now on; returns its number.
+    async def rescale(self, workers: int) -> int:
+        """Run the deployed graph on workers 0..``workers``-1 from a hand-over on; returns the new tick's number."""
+        latest = await self._in_zookeeper("reading the deployed tick", lambda store: store.latest_tick())
+        if latest is None:
+            raise ClientError(f"nothing is deployed in cluster {self.cluster!r}: deploy a graph first")
+        return await self._deploy(latest[1]["graph"], workers, drop_state=False)
+
+    async def wait_handover(self, tick: int, timeout: float = 60.0) -> float:
+        """Wait until hand-over tick ``tick`` has its state: the previous tick's workers all wrote their snapshot
+        below its start (they are done then). Returns the seconds waited."""
+        data = await self._in_zookeeper("reading the tick", lambda store: store.tick(tick))
+        if data is None:
+            raise ClientError(f"cluster {self.cluster!r} has no tick {tick}")
+        handover = Tick.from_dict({**data, "number": tick})
+        if handover.previous is None:
+            return 0.0
+        previous = await self._in_zookeeper("reading the tick", lambda store: store.tick(handover.previous or 0))
+        workers = len(previous["workers"]) if previous is not None else 0
+        boundary = f"{handover.start.ts}-{handover.start.front}"
+        started = time.monotonic()
+        while True:
+            snapshots = await self._in_zookeeper("reading snapshots",
+                                                 lambda store: store.snapshots(handover.previous or 0))
+            if len(snapshots.get(boundary, {})) >= workers:
+                return time.monotonic() - started
+            # Retention drops the hand-over snapshot once the tick has complete snapshots of its own (which it
+            # only takes once it has its state): those say the hand-over is done just as well.
+            own = await self._in_zookeeper("reading snapshots", lambda store: store.snapshots(tick))
+            if any(len(workers_of) >= len(handover.workers) for workers_of in own.values()):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise ClientError(f"tick {tick} did not get the state of tick {handover.previous} within "
+                                  f"{timeout:g}s: {len(snapshots.get(boundary, {}))} of {workers} snapshots")
+            await asyncio.sleep(0.05)
+
+    async def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False) -> int:
+        """Publish a tick running ``graph`` on the registered members; returns its number.
 
         The tick lists the workers in index order (worker ``i`` owns hash range
-        ``i``), the fronts, the acker and the barrier of every front partition.
-        Members are re-read so the tick reflects the cluster as it is now.
+        ``i``; ``workers`` takes the first that many), the fronts, the acker and
+        the barrier of every front partition; members are re-read so the tick
+        reflects the cluster as it is now.  The first tick starts now.  Later
+        ones hand over: they start at a global time T past every front's
+        stamping lease, and take over the current tick's grouping state below
+        T (groupings matched by name), so counts carry on instead of
+        restarting.  A grouping of the current graph that the new one lacks
+        would lose its state: refused unless ``drop_state``.
         """
+        return await self._deploy(graph.to_dict(), workers, drop_state)
+
+    async def _deploy(self, graph: dict[str, Any], workers: int | None, drop_state: bool) -> int:
         self._forget_members()
         ackers = await self.members(ACKER)
-        workers = await self.members(WORKER)
+        registered = _numbered(WORKER, await self.members(WORKER), "index")
         fronts = await self._fronts()
         barriers = await self._barriers()
         if len(ackers) != 1:
             raise ClientError(f"need exactly one acker in cluster {self.cluster!r}, found {sorted(ackers)}")
-        if not workers:
-            raise ClientError(f"no worker is registered in cluster {self.cluster!r}")
-        by_index = _numbered(WORKER, workers, "index")
-        if [index for index, _ in by_index] != list(range(len(by_index))):
-            raise ClientError(f"worker indexes must be 0..{len(by_index) - 1}, found {[i for i, _ in by_index]}")
+        by_index = registered[:workers] if workers is not None else registered
+        if not by_index or [index for index, _ in by_index] != list(range(workers or len(by_index))):
+            raise ClientError(f"need workers 0..{(workers or len(by_index)) - 1} in cluster {self.cluster!r}, "
+                              f"found {[i for i, _ in registered]}")
         uncovered = [front for front, _ in fronts if front not in barriers]
         if uncovered:
             raise ClientError(f"no barrier owns the partition of front(s) {uncovered}")
         (acker_name, acker_info), = ackers.items()
-        tick = Tick(number=0, start=GlobalTime(time.time_ns() // 1_000_000, 0), graph=graph.to_dict(),
+        tick = Tick(number=0, start=GlobalTime(time.time_ns() // 1_000_000, 0), graph=graph,
                     layout=Layout.even(len(by_index)), workers=tuple(address for _, address in by_index),
                     fronts=tuple(front for front, _ in fronts),
                     acker=str(_field(ACKER, acker_name, acker_info, "address")),
                     barriers=tuple(sorted(barriers.items())))
-        return await self._in_zookeeper("publishing the tick", lambda store: store.publish_tick(tick.to_dict()))
+        latest = await self._in_zookeeper("reading the deployed tick", lambda store: store.latest_tick())
+        if latest is None:
+            return await self._in_zookeeper("publishing the tick", lambda store: store.publish_tick(tick.to_dict()))
+        current = Tick.from_dict({**latest[1], "number": latest[0]})
+        dropped = grouping_names(current.graph) - grouping_names(graph)
+        if dropped and not drop_state:
+            raise ClientError(f"the new graph has no grouping named {', '.join(sorted(dropped))}: deploying it "
+                              "would drop their state; pass drop_state (--drop-state) to do so")
+        if current.fronts != tick.fronts or current.acker != tick.acker:
+            raise ClientError(f"tick {current.number} runs fronts {list(current.fronts)} and acker {current.acker}, "
+                              f"the cluster now has fronts {list(tick.fronts)} and acker {tick.acker}: a hand-over "
+                              "needs the same ones")
+        # One hand-over at a time: the current tick must have its state before it hands it on.
+        await self.wait_handover(current.number)
+        return await self._in_zookeeper("publishing the hand-over tick", lambda store: _publish_handover(
+            store, dataclasses.replace(tick, previous=current.number)))
+
 
     # -- push ----------------------------------------------------------------------------------------------
 
@@ -600,8 +678,14 @@ class Client:
         self._thread.join()
         self._loop.close()
 
-    def deploy(self, graph: Graph) -> int:
-        return self._run(self._client.deploy(graph))
+    def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False) -> int:
+        return self._run(self._client.deploy(graph, workers, drop_state))
+
+    def rescale(self, workers: int) -> int:
+        return self._run(self._client.rescale(workers))
+
+    def wait_handover(self, tick: int, timeout: float = 60.0) -> float:
+        return self._run(self._client.wait_handover(tick, timeout))
 
     def push(self, payloads: Iterable[Any], producer: str | None = None) -> PushResult:
         # Materialised here: the caller's iterable must not be consumed on another thread.

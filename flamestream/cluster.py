@@ -4,12 +4,15 @@ Layout under ``<root>/<cluster>/``::
 
     members/<role>/<name>              ephemeral, JSON info such as {"address": "127.0.0.1:5001"}
     ticks/<n>                          JSON tick, n = 0000000000, 0000000001, ...
+    ticks/<n>/snapshots/<b>/worker<i>  worker i of tick n wrote its snapshot below boundary b (file, checksum)
+    leases/front<f>                    ephemeral: front f stamps nothing at or after {"until": ts} unrenewed
     offsets/<group>/<topic>/<partition>  committed offset as a decimal number
 
 Membership nodes are ephemeral so a crashed process drops out of the cluster by
-itself once its session expires.  Ticks are ZooKeeper sequential nodes: the
-server assigns the numbers, so concurrent publishers can never pick the same
-one, and the zero-padded names sort in publication order.  Several clusters can
+itself once its session expires.  Ticks are numbered by one transaction that
+creates the next free ``ticks/<n>`` (with the stamping-lease checks a
+hand-over needs), so concurrent publishers can never take the same number,
+and the zero-padded names sort in publication order.  Several clusters can
 share one ZooKeeper ensemble because everything lives under the cluster's own
 prefix.  Tick contents are opaque JSON here; ``flamestream.core.tick`` gives them
 meaning.
@@ -17,6 +20,7 @@ meaning.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -26,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient  # type: ignore[import-untyped]
-from kazoo.exceptions import NodeExistsError, NoNodeError  # type: ignore[import-untyped]
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError  # type: ignore[import-untyped]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +79,13 @@ def _decode(path: str, data: bytes) -> dict[str, Any]:
     return value
 
 
+_PUBLISH_ATTEMPTS = 100
+
+
+class LeaseMoved(Exception):
+    """A front's stamping lease changed between reading it and publishing a tick: choose a later start."""
+
+
 class ClusterStore:
     """A ZooKeeper session bound to one cluster's subtree.
 
@@ -102,8 +113,7 @@ class ClusterStore:
         """Connect and create the cluster's top-level nodes.
 
         The parents are created up front because watches (``watch_ticks``) need an
-        existing node to watch, and because a fresh ``ticks`` node is what makes
-        the first sequential tick number 0.
+        existing node to watch.
         """
         if self._client is not None:
             raise RuntimeError(f"ClusterStore for {self.base} is already started")
@@ -207,15 +217,38 @@ class ClusterStore:
 
     # -- ticks ---------------------------------------------------------------
 
-    def publish_tick(self, tick: dict[str, Any]) -> int:
-        """Append ``tick`` and return its number, assigned atomically by ZooKeeper."""
-        path = self._zk.create(f"{self.base}/ticks/", _encode(tick), sequence=True)
-        return int(path.rsplit("/", 1)[1])
+    def publish_tick(self, tick: dict[str, Any], leases: dict[int, tuple[int, int]] | None = None) -> int:
+        """Append ``tick`` as the next number and return the number.
 
-    def ticks(self) -> list[tuple[int, dict[str, Any]]]:
-        """All published ticks in increasing number."""
+        With ``leases`` (from ``leases()``), only if none of them changed since:
+        raises ``LeaseMoved`` otherwise, and nothing is published.  One
+        transaction creates ``ticks/<n>`` for the next free n, so two
+        publishers can never take the same number (the loser retries with the
+        next one).
+        """
+        for _ in range(_PUBLISH_ATTEMPTS):
+            numbers = self._tick_numbers()
+            n = numbers[-1] + 1 if numbers else 0
+            transaction = self._zk.transaction()
+            for front, (_until, version) in (leases or {}).items():
+                transaction.check(f"{self.base}/leases/front{front}", version)
+            transaction.create(f"{self.base}/ticks/{n:010d}", _encode(tick))
+            results = transaction.commit()
+            if not any(isinstance(result, Exception) for result in results):
+                return n
+            if any(isinstance(result, (BadVersionError, NoNodeError)) for result in results[:-1]):
+                raise LeaseMoved(f"a front's stamping lease changed while tick {n} was published")
+            if not isinstance(results[-1], NodeExistsError):
+                raise results[-1]
+        raise RuntimeError(f"could not publish a tick in cluster {self.cluster!r}: "
+                           f"{_PUBLISH_ATTEMPTS} concurrent publications took every number first")
+
+    def ticks(self, after: int = -1) -> list[tuple[int, dict[str, Any]]]:
+        """The published ticks numbered above ``after`` (default: all), in increasing number."""
         result: list[tuple[int, dict[str, Any]]] = []
         for n in self._tick_numbers():
+            if n <= after:
+                continue
             tick = self._read_tick(n)
             if tick is not None:
                 result.append((n, tick))
@@ -263,6 +296,88 @@ class ClusterStore:
 
         self._zk.ChildrenWatch(f"{self.base}/ticks", on_children)
 
+    def tick(self, n: int) -> dict[str, Any] | None:
+        """Tick ``n``, or None if there is no such tick."""
+        return self._read_tick(_check_count("tick", n))
+
+    # -- stamping leases ----------------------------------------------------
+
+    def renew_lease(self, front: int, until_ts: int) -> None:
+        """Front ``front`` will stamp no global time at or after ``until_ts`` without renewing this first.
+
+        Ephemeral (a dead front holds no lease).  A hand-over tick must start
+        after every lease, and is published in one transaction with a check
+        of the leases' versions (``publish_tick(..., leases=...)``): a renewal
+        in between fails the publication, and a front reads the ticks after
+        each renewal, so no front ever stamps at or after a tick's start
+        without knowing the tick.
+        """
+        path = f"{self.base}/leases/front{_check_count('front', front)}"
+        data = _encode({"until": _check_count("until", until_ts)})
+        try:
+            self._zk.set(path, data)
+        except NoNodeError:
+            self._zk.create(path, data, ephemeral=True, makepath=True)
+
+    def leases(self) -> dict[int, tuple[int, int]]:
+        """Front -> (lease end in ms, node version) of every live front."""
+        root = f"{self.base}/leases"
+        result: dict[int, tuple[int, int]] = {}
+        try:
+            names = self._zk.get_children(root)
+        except NoNodeError:
+            return result
+        for name in names:
+            try:
+                data, stat = self._zk.get(f"{root}/{name}")
+            except NoNodeError:
+                continue
+            result[int(name.removeprefix("front"))] = (int(_decode(f"{root}/{name}", data)["until"]), stat.version)
+        return result
+
+    # -- snapshots -----------------------------------------------------------
+
+    def register_snapshot(self, tick: int, boundary: str, worker: int, info: dict[str, Any]) -> None:
+        """Record that ``worker`` of ``tick`` wrote its snapshot below ``boundary`` (a ``<ts>-<front>`` name).
+
+        The snapshot of a boundary is complete once every worker of the tick
+        registered it; only then may a new tick start from it.
+        """
+        boundary = _check_name("boundary", boundary)
+        path = f"{self._snapshots_path(tick)}/{boundary}/worker{_check_count('worker', worker)}"
+        try:
+            self._zk.create(path, _encode(info), makepath=True)
+        except NodeExistsError:  # written again (a restarted worker): the file was replaced atomically too
+            self._zk.set(path, _encode(info))
+
+    def snapshots(self, tick: int) -> dict[str, dict[str, dict[str, Any]]]:
+        """Boundary -> worker member name -> the info it registered, for every snapshot of ``tick``."""
+        root = self._snapshots_path(tick)
+        result: dict[str, dict[str, dict[str, Any]]] = {}
+        try:
+            boundaries = self._zk.get_children(root)
+        except NoNodeError:
+            return result
+        for boundary in boundaries:
+            workers: dict[str, dict[str, Any]] = {}
+            try:
+                names = self._zk.get_children(f"{root}/{boundary}")
+            except NoNodeError:
+                continue
+            for name in names:
+                try:
+                    data, _ = self._zk.get(f"{root}/{boundary}/{name}")
+                except NoNodeError:
+                    continue
+                workers[name] = _decode(f"{root}/{boundary}/{name}", data)
+            result[boundary] = workers
+        return result
+
+    def forget_snapshot(self, tick: int, boundary: str) -> None:
+        """Remove a snapshot's registrations (its files are gone or going): retention."""
+        with contextlib.suppress(NoNodeError):  # another worker of the tick was first
+            self._zk.delete(f"{self._snapshots_path(tick)}/{_check_name('boundary', boundary)}", recursive=True)
+
     # -- consumer offsets ----------------------------------------------------
 
     def commit_offset(self, group: str, topic: str, partition: int, offset: int) -> None:
@@ -295,6 +410,9 @@ class ClusterStore:
             f"{self.base}/offsets/{_check_name('group', group)}/{_check_name('topic', topic)}/"
             f"{_check_count('partition', partition)}"
         )
+
+    def _snapshots_path(self, tick: int) -> str:
+        return f"{self.base}/ticks/{_check_count('tick', tick):010d}/snapshots"
 
     def _tick_numbers(self) -> list[int]:
         return sorted(int(name) for name in self._zk.get_children(f"{self.base}/ticks"))

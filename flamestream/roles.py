@@ -55,7 +55,8 @@ def add_role_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     roles = parser.add_argument_group("roles (any combination, at least one)")
     roles.add_argument("--worker", type=_count(0, "worker index"), metavar="I",
-                       help="host worker I (hash range I of the tick's layout)")
+                       help="host worker I (hash range I of the tick's layout); with --data-dir it writes snapshots "
+                            "and can take part in hand-overs")
     roles.add_argument("--front", type=_count(0, "front id"), metavar="F",
                        help="host front F (the front part of global times); needs --data-dir")
     roles.add_argument("--barrier", type=_partitions, metavar="P[,P...]",
@@ -67,6 +68,11 @@ def add_role_arguments(parser: argparse.ArgumentParser) -> None:
                              "pending, so receivers start on it while the step runs on (default 256)")
     worker.add_argument("--linger-ms", type=float, default=0.0,
                         help="wait this long after input arrives to gather more before a step (default 0)")
+    worker.add_argument("--snapshot-interval-ms", type=_count(0, "--snapshot-interval-ms"), default=1000,
+                        help="write the grouping state below every multiple of this many ms of global time once "
+                             "the min time passes it (DIR/snapshots; needs --data-dir); 0 = off (default 1000)")
+    worker.add_argument("--snapshot-retention", type=_count(1, "--snapshot-retention"), default=2,
+                        help="complete snapshots kept; older ones are deleted (default 2)")
     front = parser.add_argument_group("front options")
     front.add_argument("--report-interval-ms", type=_count(1, "--report-interval-ms"), default=5,
                        help="how often to report the front's time to the acker, default 5")
@@ -106,9 +112,12 @@ async def serve(args: argparse.Namespace) -> int:
     if args.acker:
         roles.append(AckerRole())
     if args.worker is not None:
-        roles.append(WorkerRole(args.worker, args.batch_items, args.linger_ms))
+        roles.append(WorkerRole(args.worker, store, args.data_dir, batch_items=args.batch_items,
+                                linger_ms=args.linger_ms, snapshot_interval_ms=args.snapshot_interval_ms,
+                                snapshot_retention=args.snapshot_retention))
     if args.front is not None:
-        roles.append(await FrontRole.open(args.front, args.data_dir, local, report_interval_ms=args.report_interval_ms,
+        roles.append(await FrontRole.open(args.front, args.data_dir, local, store,
+                                          report_interval_ms=args.report_interval_ms,
                                           max_event_bytes=args.max_event_bytes))
     if args.barrier:
         roles.append(BarrierRole(store, args.data_dir, args.barrier, args.release == "on-arrival"))

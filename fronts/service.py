@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from flamestream.cluster import ClusterStore
 from flamestream.core import payload as payloads
 from flamestream.core.front import FrontClock
 from flamestream.core.graph import Graph
@@ -19,6 +20,7 @@ from flamestream.core.meta import GlobalTime, Trace
 from flamestream.core.plan import Plan, compile_graph
 from flamestream.core.tick import Tick
 from flamestream.core.worker import front_envelopes
+from flamestream.fronts.lease import StampingLease
 from flamestream.fronts.producers import ProducerTable
 from flamestream.runtime import hosting
 from flamestream.runtime.channels import Channels, LocalEndpoints, Stream
@@ -95,6 +97,9 @@ def _open_input_log(directory: Path) -> tuple[SegmentedLog, ProducerTable, int]:
     return log, producers, last_ts
 
 
+LEASE_WAIT = 5.0
+"""Seconds a push waits for the stamping lease to be renewed (ZooKeeper slow or away) before UNAVAILABLE."""
+
 PROMISE_STEP_MS = 1000
 """How far ahead a front persists its report promise: one small fsync per second of reports."""
 
@@ -118,7 +123,8 @@ def _write_promise(path: Path, ts: int) -> None:
 
 class FrontService(rpc.FrontServicer):
     def __init__(self, front_id: int, log: SegmentedLog, producers: ProducerTable, last_ts: int,
-                 max_event_bytes: int, promise_file: Path, local: LocalEndpoints) -> None:
+                 max_event_bytes: int, promise_file: Path, local: LocalEndpoints,
+                 store: ClusterStore | None = None) -> None:
         self.front_id = front_id
         self.local = local
         self.logger = role_logger(f"front{front_id}")
@@ -137,22 +143,37 @@ class FrontService(rpc.FrontServicer):
         """Reports never exceed this persisted bound, so a restarted front never stamps below a promise it made."""
         self._clock.report(self._promised)
         self._route: _Route | None = None
+        self._next: _Route | None = None
+        """A hand-over tick announced but not started: events stamped at or after its start go there."""
+        self._known = -1
+        """The newest tick number taken (ticks arrive from the node and from the lease's reads)."""
+        self.lease = (StampingLease(store, front_id, lambda: self._clock.next_ts(_now_ms()), lambda: self._known,
+                                    self.deploy) if store is not None else None)
         self._refusal = NO_GRAPH
         self._lock = asyncio.Lock()
         """Orders pushes and reports: a report is written after the acks of everything stamped before it."""
         self._reports: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, front_id: int, data_dir: Path, max_event_bytes: int, local: LocalEndpoints) -> FrontService:
+    async def open(cls, front_id: int, data_dir: Path, max_event_bytes: int, local: LocalEndpoints,
+                   store: ClusterStore | None = None) -> FrontService:
         directory = front_log_dir(data_dir, front_id)
         log, producers, last_ts = await asyncio.to_thread(_open_input_log, directory)
         return cls(front_id, log, producers, last_ts, max_event_bytes, directory.parent / f"promise-{front_id}",
-                   local)
+                   local, store)
 
     # -- deployment ---------------------------------------------------------------
 
     async def deploy(self, tick: Tick) -> None:
-        """Switch to ``tick``: its graph, workers and acker, or refuse pushes if it leaves this front out."""
+        """Switch to ``tick``: its graph, workers and acker, or refuse pushes if it leaves this front out.
+
+        A hand-over tick (one taking over the current tick's state at its
+        start) does not switch at once: events stamped below its start still
+        belong to the current tick, so it waits as the next route.
+        """
+        if tick.number <= self._known:
+            return
+        self._known = tick.number
         route: _Route | None = None
         if self.front_id not in tick.fronts:
             refusal = f"front {self.front_id} is not part of the deployment of tick {tick.number}"
@@ -169,11 +190,33 @@ class FrontService(rpc.FrontServicer):
         if route is None:
             self.logger.error("%s", refusal)
         async with self._lock:
-            old, self._route, self._refusal = self._route, route, refusal
-            if route is not None:
-                self._clock.report(tick.start.ts)  # the tick covers times from its start on
+            current = self._route
+            if route is not None and tick.previous is not None and current is not None and \
+                    current.tick.number == tick.previous:
+                old, self._next = self._next, route
+                self.logger.info("tick %d takes over from tick %d at %s", tick.number, tick.previous, tick.start)
+            else:
+                old, self._route, self._refusal = current, route, refusal
+                if route is not None:
+                    self._clock.report(tick.start.ts)  # the tick covers times from its start on
+                if self._next is not None:
+                    await self._next.close()
+                    self._next = None
         if old is not None:
             await old.close()
+
+    async def _switch_if_due(self, ts: int) -> _Route | None:
+        """The route of an event stamped ``ts``: the next tick's from its start on (which then becomes current).
+
+        Called with the lock held, so a push or report never straddles the switch.
+        """
+        nxt = self._next
+        if nxt is not None and ts >= nxt.tick.start.ts:
+            old, self._route, self._next = self._route, nxt, None
+            self.logger.info("switched to tick %d at %d", nxt.tick.number, ts)
+            if old is not None:
+                await old.close()
+        return self._route
 
     def _break(self, route: _Route, exc: hosting.StreamBroken) -> None:
         if route.broken is None:
@@ -196,13 +239,18 @@ class FrontService(rpc.FrontServicer):
             try:
                 if self.failed.is_set():
                     raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"front is stopping: {self.failure}")
-                route = self._route
+                now = _now_ms()
+                ts = self._clock.next_ts(now)
+                if self.lease is not None and not await self.lease.covering(ts, LEASE_WAIT):
+                    raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"the front's stamping lease in ZooKeeper ends at "
+                                    f"{self.lease.until}, before {ts}, and was not renewed within {LEASE_WAIT:g}s")
+                route = await self._switch_if_due(ts)
                 if route is None:
                     raise _Rejected(grpc.StatusCode.FAILED_PRECONDITION, self._refusal)
                 if route.broken is not None:
                     raise _Rejected(grpc.StatusCode.UNAVAILABLE, route.broken)
                 checked = self._validate(request.events, route)
-                response, fresh = self._stamp(request.events, checked)
+                response, fresh = self._stamp(request.events, checked, now)
                 if fresh:
                     await self._admit(route, fresh)
                 return response
@@ -233,13 +281,12 @@ class FrontService(rpc.FrontServicer):
             checked.append((payload, h))
         return checked
 
-    def _stamp(self, events: Sequence[pb.Event],
-               checked: list[tuple[Any, int]]) -> tuple[pb.PushResponse, list[_Fresh]]:
+    def _stamp(self, events: Sequence[pb.Event], checked: list[tuple[Any, int]],
+               now: int) -> tuple[pb.PushResponse, list[_Fresh]]:
         """Tell retries from new events (also within this request) and give each new event its global time."""
         response = pb.PushResponse()
         fresh: list[_Fresh] = []
         staged: dict[str, dict[int, GlobalTime]] = {}  # this request's new sequences per producer, in order
-        now = _now_ms()
         for event, (payload, h) in zip(events, checked, strict=True):
             producer, sequence = event.producer, event.sequence
             if producer:
@@ -363,7 +410,7 @@ class FrontService(rpc.FrontServicer):
         while True:
             await asyncio.sleep(interval)
             async with self._lock:
-                route = self._route
+                route = await self._switch_if_due(self._clock.next_ts(_now_ms()))
                 if route is None or route.broken is not None:
                     continue
                 if len(route.tick.fronts) == 1 and self._clock.covered():
@@ -407,11 +454,11 @@ class FrontRole:
         self._report_interval = report_interval_ms / 1000
 
     @classmethod
-    async def open(cls, front_id: int, data_dir: Path, local: LocalEndpoints, *, report_interval_ms: int = 5,
-                   max_event_bytes: int = 1 << 20) -> FrontRole:
+    async def open(cls, front_id: int, data_dir: Path, local: LocalEndpoints, store: ClusterStore, *,
+                   report_interval_ms: int = 5, max_event_bytes: int = 1 << 20) -> FrontRole:
         """Open (and replay) the front's input log; exits naming the log if it cannot."""
         try:
-            service = await FrontService.open(front_id, data_dir, max_event_bytes, local)
+            service = await FrontService.open(front_id, data_dir, max_event_bytes, local, store)
         except (OSError, LogError) as exc:
             raise SystemExit(f"front {front_id}: cannot open the input log: {exc}") from None
         return cls(service, report_interval_ms)
@@ -424,6 +471,8 @@ class FrontRole:
 
     def start(self, supervisor: Supervisor) -> None:
         self.service.start_reports(self._report_interval, supervisor)
+        if self.service.lease is not None:
+            supervisor.spawn(self.name, "stamping lease", self.service.lease.run())
         supervisor.spawn(self.name, "input log", self._watch_log(), essential=True)
 
     async def _watch_log(self) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +57,24 @@ def test_special_floats_and_refused_types() -> None:
         values.encode({"x": object()})
 
 
-@pytest.mark.parametrize("data", [b"", b"{", b'{"x": 1}', b'{"t": 5}', b'{"d": [[1]]}', b'{"d": [[[1], 2]]}',
-                                  b'{"b": "!!"}', b'{"i": "12a"}', b'{"f": "1e400"}', b"[" * 5000, b"\xff\xfe"])
-def test_bytes_it_did_not_write_raise_value_error_only(data: bytes) -> None:
+class Boom:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("touch /tmp/flamestream-pwned",))
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"\x80\x05junk", b"\xff\xfe", pickle.dumps(Boom()),
+                                  pickle.dumps(GlobalTime(1, 2)), pickle.dumps({1: object}),
+                                  values.encode([1, 2, 3])[:-3], b"(" * 5000 + b"."])
+def test_bytes_it_did_not_write_raise_value_error_only_and_never_run_code(data: bytes) -> None:
     with pytest.raises(ValueError, match="not an encoded value"):
         values.decode(data)
+    assert not Path("/tmp/flamestream-pwned").exists()
+
+
+def test_values_of_other_types_are_refused_when_written() -> None:
+    for value in (GlobalTime(1, 2), {"k": Path("/")}, [complex(1, 2)], Boom()):
+        with pytest.raises(ValueError, match="cannot be encoded"):
+            values.encode(value)
 
 
 def handover_state() -> tuple[GlobalTime, WorkerState]:

@@ -42,6 +42,8 @@ class RunSpec:
     exactly_once: bool
     workdir: Path
     drain_timeout: float = 60.0
+    snapshot_interval_ms: int = 1000
+    """flamestream's workers snapshot their state this often (0: never)."""
     max_backlog: int = 2000
     """Unfinished events at most, in max mode: keeps a closed loop instead of an unbounded queue."""
 

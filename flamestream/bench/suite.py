@@ -47,6 +47,8 @@ class Options:
     """exactly-once, off, or both (ours run twice: fair both ways against peers without exactly-once)."""
     placement: str = "nodes"
     """nodes, separate, or both: ours exactly-once also with a process per role (before/after co-location)."""
+    snapshot_intervals: list[int] = field(default_factory=lambda: [1000])
+    """Ours exactly-once once per snapshot interval in ms (0: off): what snapshots cost, side by side."""
     sweep: list[float] = field(default_factory=list)
     throughput: bool = False
     rounds: int = 1
@@ -55,24 +57,28 @@ class Options:
     drain_timeout: float = 60.0
 
 
-def _systems(options: Options) -> list[tuple[str, str, bool]]:
-    """(entry name, system module, exactly-once) in report order: ours first."""
+def _systems(options: Options) -> list[tuple[str, str, bool, int]]:
+    """(entry name, system module, exactly-once, snapshot interval) in report order: ours first."""
+    first, *others = options.snapshot_intervals
     ours = []
     if options.guarantees in ("exactly-once", "both") and options.placement in ("nodes", "both"):
-        ours.append((OURS, "flamestream", True))
+        ours.append((OURS, "flamestream", True, first))
+        ours += [(f"{OURS} (snapshots {'off' if ms == 0 else f'every {ms} ms'})", "flamestream", True, ms)
+                 for ms in others]
     if options.guarantees in ("exactly-once", "both") and options.placement in ("separate", "both"):
-        ours.append((OURS_SEPARATE, "flamestream-separate", True))
+        ours.append((OURS_SEPARATE, "flamestream-separate", True, first))
     if options.guarantees in ("off", "both"):
-        ours.append((OURS_OFF, "flamestream", False))
-    return ours + [(peer, peer, True) for peer in options.peers]
+        ours.append((OURS_OFF, "flamestream", False, first))
+    return ours + [(peer, peer, True, first) for peer in options.peers]
 
 
-def _run_one(options: Options, system: str, exactly_once: bool, rate: float | None, workdir: Path) -> dict[str, Any]:
+def _run_one(options: Options, system: str, exactly_once: bool, snapshot_interval_ms: int, rate: float | None,
+             workdir: Path) -> dict[str, Any]:
     """One runner process; a system that fails is reported with its error instead of ending the whole run."""
     workdir.mkdir(parents=True)
     spec = RunSpec(workload=options.workload, system=system, rate=rate, duration=options.duration, seed=options.seed,
                    workers=options.workers, exactly_once=exactly_once, workdir=workdir,
-                   drain_timeout=options.drain_timeout)
+                   drain_timeout=options.drain_timeout, snapshot_interval_ms=snapshot_interval_ms)
     spec_path, out_path = workdir / "spec.json", workdir / "out.json"
     spec_path.write_text(json.dumps({**asdict(spec), "workdir": str(workdir)}))
     done = subprocess.run([sys.executable, "-m", "flamestream.bench.runner", str(spec_path), str(out_path)],
@@ -139,15 +145,16 @@ def run_suite(options: Options, say: Any = print) -> Path:
     with tempfile.TemporaryDirectory(prefix="flamestream-bench-") as scratch:
         for round_number in range(options.rounds):
             for rate in rates:
-                for name, system, exactly_once in systems:
+                for name, system, exactly_once, snapshot_interval in systems:
                     label = "max" if rate is None else f"{rate:g}/s"
                     say(f"bench: round {round_number + 1}/{options.rounds}, {label}: {name} ...")
-                    workdir = Path(scratch) / f"r{round_number}-{label.replace('/', '')}-{system}-{int(exactly_once)}"
-                    entry = _run_one(options, system, exactly_once, rate, workdir)
+                    workdir = Path(scratch) / (f"r{round_number}-{label.replace('/', '')}-{system}-{int(exactly_once)}"
+                                               f"-{snapshot_interval}")
+                    entry = _run_one(options, system, exactly_once, snapshot_interval, rate, workdir)
                     runs.setdefault((name, rate), []).append(entry)
                     say(f"bench:   {_summary(entry)}")
     pooled = {key: _pool(value) for key, value in runs.items()}
-    main = [{"name": name, **_without_latencies(pooled[(name, options.rate)])} for name, _s, _e in systems]
+    main = [{"name": name, **_without_latencies(pooled[(name, options.rate)])} for name, *_ in systems]
     result: dict[str, Any] = {
         "benchmark": options.workload, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "rate": options.rate, "rate_unit": kind.rate_unit,
@@ -156,15 +163,15 @@ def run_suite(options: Options, say: Any = print) -> Path:
     }
     if options.sweep:
         sweep_rates = sorted({options.rate, *options.sweep})
-        result["sweep"] = {name: [_brief(pooled[(name, r)]) for r in sweep_rates] for name, _s, _e in systems}
+        result["sweep"] = {name: [_brief(pooled[(name, r)]) for r in sweep_rates] for name, *_ in systems}
         result["max_sustainable_rate"] = {
             name: max((r for r in sweep_rates if _sustainable(pooled[(name, r)])), default=None)
-            for name, _s, _e in systems}
+            for name, *_ in systems}
     if options.throughput:
-        best = {name: pooled[(name, None)].get("units_per_s") for name, _s, _e in systems}
+        best = {name: pooled[(name, None)].get("units_per_s") for name, *_ in systems}
         result["max_throughput"] = {
             "unit": f"{kind.unit}/s",
-            "systems": {name: _brief(pooled[(name, None)]) for name, _s, _e in systems},
+            "systems": {name: _brief(pooled[(name, None)]) for name, *_ in systems},
             "ratio_to_python": {name: _ratio(v, best.get("python")) for name, v in best.items()},
             "ratio_to_bytewax": {name: _ratio(v, best.get("bytewax")) for name, v in best.items()},
         }
@@ -172,7 +179,7 @@ def run_suite(options: Options, say: Any = print) -> Path:
     write_result(directory, result)
     plot_cdf(directory / "latency.png",
              f"{options.workload} at {options.rate:g} {result['rate_unit']}, {options.workers} workers",
-             {name: pooled[(name, options.rate)].get("latencies_ms", []) for name, _s, _e in systems})
+             {name: pooled[(name, options.rate)].get("latencies_ms", []) for name, *_ in systems})
     return directory
 
 

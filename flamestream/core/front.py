@@ -20,6 +20,10 @@ class FrontClock:
         self._seq = 0
         self._promised = 0
 
+    def next_ts(self, now_ms: int) -> int:
+        """The timestamp an event stamped at ``now_ms`` gets (never below an earlier stamp or promise)."""
+        return max(now_ms, self._promised, self._ts)
+
     def stamp(self, now_ms: int) -> tuple[GlobalTime, Trace]:
         ts = max(now_ms, self._promised)
         if ts > self._ts:

@@ -287,6 +287,12 @@ def _operation_faults(op: Operation) -> list[str]:
     return faults
 
 
+def grouping_names(data: dict[str, Any]) -> set[str]:
+    """The grouping names of a graph shipped as plain data (``Graph.to_dict``), without resolving (importing) its
+    functions: what state is matched by from one tick to the next."""
+    return {str(op["name"]) for op in data.get("operations", []) if op.get("kind") == "grouping"}
+
+
 def _extend_sys_path(paths: list[str]) -> None:
     import sys
 

@@ -65,6 +65,9 @@ class Tick:
     acker: str = ""
     barriers: tuple[tuple[int, str], ...] = ()
     """(partition = front id, barrier address)."""
+    previous: int | None = None
+    """The tick whose state this one takes over at ``start`` (its workers' snapshot below ``start``), or None
+    for a tick that starts empty: the first one, or a deploy that drops the state."""
 
     def barrier_of(self, front: int) -> str:
         for partition, address in self.barriers:
@@ -75,7 +78,7 @@ class Tick:
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "start": list(self.start), "graph": self.graph,
                 "layout": list(self.layout.starts), "workers": list(self.workers), "fronts": list(self.fronts),
-                "acker": self.acker, "barriers": [[p, a] for p, a in self.barriers]}
+                "acker": self.acker, "barriers": [[p, a] for p, a in self.barriers], "previous": self.previous}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tick:
@@ -83,6 +86,7 @@ class Tick:
             return cls(number=int(data["number"]), start=GlobalTime(*map(int, data["start"])), graph=data["graph"],
                        layout=Layout(tuple(int(s) for s in data["layout"])),
                        workers=tuple(str(w) for w in data["workers"]), fronts=tuple(int(f) for f in data["fronts"]),
-                       acker=str(data["acker"]), barriers=tuple((int(p), str(a)) for p, a in data["barriers"]))
+                       acker=str(data["acker"]), barriers=tuple((int(p), str(a)) for p, a in data["barriers"]),
+                       previous=None if data.get("previous") is None else int(data["previous"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed tick: {exc!r}") from exc

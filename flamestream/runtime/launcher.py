@@ -68,6 +68,7 @@ NODE = "node"
 """The role of node processes in the state file (ZooKeeper's process is ``zookeeper``)."""
 
 PLACEMENTS = ("nodes", "separate")
+DEFAULT_SNAPSHOT_INTERVAL_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def plan_nodes(nodes: int, fronts: int = 1, placement: str = "nodes") -> list[No
 
 def node_args(plan: NodePlan, *, zookeeper: str, cluster: str, data_dir: str, host: str = "127.0.0.1",
               port: int = 0, exactly_once: bool = True, log_file: str | None = None,
-              log_format: str = "text") -> list[str]:
+              log_format: str = "text", snapshot_interval_ms: int = DEFAULT_SNAPSHOT_INTERVAL_MS) -> list[str]:
     """Interpreter arguments (after ``python``) that run one node: the one place a plan becomes a command line.
 
     ``exactly_once=False`` makes barriers release on arrival (guarantees off).
@@ -124,10 +125,11 @@ def node_args(plan: NodePlan, *, zookeeper: str, cluster: str, data_dir: str, ho
     args += ["--worker", str(plan.worker)] if plan.worker is not None else []
     args += ["--front", str(plan.front)] if plan.front is not None else []
     args += ["--barrier", ",".join(map(str, plan.barriers))] if plan.barriers else []
-    if plan.front is not None or plan.barriers:
-        args += ["--data-dir", data_dir]
+    args += ["--data-dir", data_dir]  # input logs, topics, snapshots: one directory the cluster shares
     if plan.barriers and not exactly_once:
         args += ["--release", "on-arrival"]
+    if plan.worker is not None and snapshot_interval_ms != DEFAULT_SNAPSHOT_INTERVAL_MS:
+        args += ["--snapshot-interval-ms", str(snapshot_interval_ms)]
     if log_file is not None:
         args += ["--log-file", log_file]
     if log_format != "text":
@@ -161,6 +163,10 @@ class ClusterState:
     zookeeper: str
     own_zookeeper: bool
     processes: list[ProcessRecord] = field(default_factory=list)
+    exactly_once: bool = True
+    log_format: str = "text"
+    snapshot_interval_ms: int = DEFAULT_SNAPSHOT_INTERVAL_MS
+    """How ``up`` started the nodes: nodes that ``scale`` adds later start the same way."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -172,7 +178,9 @@ class ClusterState:
                                     "members": [(str(role), str(name)) for role, name in p.get("members", [])]})
                    for p in data["processes"]]
         return cls(cluster=str(data["cluster"]), zookeeper=str(data["zookeeper"]),
-                   own_zookeeper=bool(data["own_zookeeper"]), processes=records)
+                   own_zookeeper=bool(data["own_zookeeper"]), processes=records,
+                   exactly_once=bool(data.get("exactly_once", True)), log_format=str(data.get("log_format", "text")),
+                   snapshot_interval_ms=int(data.get("snapshot_interval_ms", DEFAULT_SNAPSHOT_INTERVAL_MS)))
 
     def endpoints(self) -> list[tuple[str, str]]:
         """(name, address and hosted members) of ZooKeeper and every node, in start order."""
@@ -359,6 +367,7 @@ class UpOptions:
     placement: str = "nodes"
     """``nodes`` (co-located roles) or ``separate`` (a process per role); see ``plan_nodes``."""
     log_format: str = "text"
+    snapshot_interval_ms: int = DEFAULT_SNAPSHOT_INTERVAL_MS
     zookeeper: str | None = None
     cluster: str = "default"
     timeout: float = DEFAULT_TIMEOUT
@@ -426,22 +435,24 @@ class _Launcher:
         self.state.zookeeper = record.address
         save_state(self.data_dir, self.state)
 
-    def start_nodes(self) -> None:
+    def start_nodes(self, plans: list[NodePlan]) -> list[ProcessRecord]:
         # One data directory for all: fronts and barriers keep their logs in
         # per-id subdirectories of it (input/front-<id>, topic/<partition>),
         # where replay and the oracle checks find every front's input.
-        options = self.options
-        for plan in plan_nodes(options.nodes, options.fronts, options.placement):
+        records = []
+        for plan in plans:
             log = self.data_dir / LOG_DIR / f"{plan.name}.log"
             record = self.spawn(NODE, plan.name, node_args(
                 plan, zookeeper=self.state.zookeeper, cluster=self.state.cluster, data_dir=str(self.data_dir),
-                exactly_once=options.exactly_once, log_file=str(log), log_format=options.log_format), log)
+                exactly_once=self.state.exactly_once, log_file=str(log), log_format=self.state.log_format,
+                snapshot_interval_ms=self.state.snapshot_interval_ms), log)
             record.members = plan.members()
+            records.append(record)
         save_state(self.data_dir, self.state)
+        return records
 
-    def wait_registered(self, store: ClusterStore, deadline: float) -> None:
-        """Block until every node registered all its members in ZooKeeper; record the nodes' addresses."""
-        nodes = [p for p in self.state.processes if p.role == NODE]
+    def wait_registered(self, store: ClusterStore, deadline: float, nodes: list[ProcessRecord]) -> None:
+        """Block until ``nodes`` registered all their members in ZooKeeper; record the nodes' addresses."""
         while True:
             registered = {role: store.members(role) for role in SERVICE_ROLES}
             missing: list[ProcessRecord] = []
@@ -460,9 +471,9 @@ class _Launcher:
             time.sleep(0.1)
         save_state(self.data_dir, self.state)
 
-    def wait_serving(self, deadline: float) -> None:
-        """Block until every node answers the standard gRPC health check with SERVING."""
-        for record in (p for p in self.state.processes if p.role == NODE):
+    def wait_serving(self, deadline: float, nodes: list[ProcessRecord]) -> None:
+        """Block until ``nodes`` answer the standard gRPC health check with SERVING."""
+        for record in nodes:
             while True:
                 self.check_running(record)
                 status = _health(record.address)
@@ -503,7 +514,8 @@ def start_cluster(options: UpOptions) -> ClusterState:
     data_dir = options.data_dir
     (data_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
     state = ClusterState(cluster=options.cluster, zookeeper=options.zookeeper or "",
-                         own_zookeeper=options.zookeeper is None)
+                         own_zookeeper=options.zookeeper is None, exactly_once=options.exactly_once,
+                         log_format=options.log_format, snapshot_interval_ms=options.snapshot_interval_ms)
     launcher = _Launcher(options, state)
     deadline = time.monotonic() + options.timeout
     try:
@@ -517,17 +529,41 @@ def start_cluster(options: UpOptions) -> ClusterState:
             own = [p.log for p in state.processes if p.role == ZOOKEEPER]
             raise StartError(ZOOKEEPER, str(exc), *own[:1]) from None
         try:
-            launcher.start_nodes()
-            launcher.wait_registered(store, deadline)
+            nodes = launcher.start_nodes(plan_nodes(options.nodes, options.fronts, options.placement))
+            launcher.wait_registered(store, deadline, nodes)
         finally:
             store.stop()
-        launcher.wait_serving(deadline)
+        launcher.wait_serving(deadline, nodes)
     except BaseException:
         with contextlib.suppress(StopError):
             stop_cluster(state)
         state_path(data_dir).unlink(missing_ok=True)
         raise
     return state
+
+
+def add_nodes(data_dir: Path, state: ClusterState, plans: list[NodePlan],
+              timeout: float = DEFAULT_TIMEOUT) -> list[ProcessRecord]:
+    """Start more nodes for a running cluster (``scale``); on failure they are stopped and forgotten again."""
+    launcher = _Launcher(UpOptions(data_dir=data_dir, timeout=timeout), state)
+    deadline = time.monotonic() + timeout
+    nodes: list[ProcessRecord] = []
+    try:
+        with ClusterStore(state.zookeeper, cluster=state.cluster) as store:
+            nodes = launcher.start_nodes(plans)
+            launcher.wait_registered(store, deadline, nodes)
+        launcher.wait_serving(deadline, nodes)
+    except BaseException:
+        remove_nodes(data_dir, state, nodes)
+        raise
+    return nodes
+
+
+def remove_nodes(data_dir: Path, state: ClusterState, nodes: list[ProcessRecord]) -> None:
+    """Stop ``nodes`` (SIGTERM, then SIGKILL) and drop them from the state file."""
+    _stop_group(nodes, SERVICE_GRACE)
+    state.processes = [p for p in state.processes if p not in nodes]
+    save_state(data_dir, state)
 
 
 def format_endpoints(endpoints: Iterable[tuple[str, str]]) -> str:

@@ -161,7 +161,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="node name, for logs and health (default: node-<first role>)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind and advertise, default 127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="port to bind, 0 = any free port (default)")
-    parser.add_argument("--data-dir", type=Path, help="fronts' input logs and barriers' topics (DIR/input, DIR/topic)")
+    parser.add_argument("--data-dir", type=Path, help="input logs, topics and snapshots (DIR/input, DIR/topic, "
+                        "DIR/snapshots); nodes of one cluster share it")
     parser.add_argument("--log-file", type=Path, help="append the log here (default: stderr)")
     parser.add_argument("--log-format", choices=logs.FORMATS, default="text", help="text (default) or json lines")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),

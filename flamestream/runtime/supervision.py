@@ -35,7 +35,7 @@ class Supervisor:
         self.fatal = asyncio.Event()
         """Set when an essential task failed: the node stops and exits non-zero."""
         self.stopping = False
-        self._tasks: dict[asyncio.Task[Any], tuple[str, str, bool]] = {}
+        self._tasks: dict[asyncio.Task[Any], tuple[str, str, bool, bool]] = {}
         self._health_updates: set[asyncio.Task[None]] = set()
 
     async def serving(self, roles: list[str]) -> None:
@@ -43,18 +43,22 @@ class Supervisor:
         for role in ["", *roles]:
             await self.health.set(role, SERVING)
 
-    def spawn(self, role: str, what: str, coro: Coroutine[Any, Any, Any], essential: bool = False) -> asyncio.Task[Any]:
-        """Run ``coro`` as ``role``'s task ``what``; its end outside shutdown is a failure of ``role``."""
+    def spawn(self, role: str, what: str, coro: Coroutine[Any, Any, Any], essential: bool = False,
+              finite: bool = False) -> asyncio.Task[Any]:
+        """Run ``coro`` as ``role``'s task ``what``; an exception is a failure of ``role``, and so is its end
+        outside shutdown unless the task is ``finite`` (a job such as writing a snapshot, not a loop)."""
         task = asyncio.create_task(coro, name=f"{role}: {what}")
-        self._tasks[task] = (role, what, essential)
+        self._tasks[task] = (role, what, essential, finite)
         task.add_done_callback(self._ended)
         return task
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
-        role, what, essential = self._tasks.pop(task)
+        role, what, essential, finite = self._tasks.pop(task)
         if task.cancelled() or self.stopping:
             return
         error = task.exception()
+        if error is None and finite:
+            return
         self.fail(role, f"{what} {'failed' if error is not None else 'ended unexpectedly'}", error, essential)
 
     def fail(self, role: str, reason: str, error: BaseException | None = None, essential: bool = False) -> None:

@@ -47,8 +47,18 @@ class SnapshotInfo:
     sha256: str
 
 
+def boundary_name(boundary: GlobalTime) -> str:
+    """How a boundary is named in paths and in ZooKeeper: ``<ts>-<front>``."""
+    return f"{boundary.ts}-{boundary.front}"
+
+
+def boundary_of(name: str) -> GlobalTime:
+    ts, _, front = name.partition("-")
+    return GlobalTime(int(ts), int(front))
+
+
 def snapshot_dir(data_dir: Path, boundary: GlobalTime) -> Path:
-    return data_dir / "snapshots" / f"{boundary.ts}-{boundary.front}"
+    return data_dir / "snapshots" / boundary_name(boundary)
 
 
 def snapshot_path(data_dir: Path, boundary: GlobalTime, worker: int) -> Path:

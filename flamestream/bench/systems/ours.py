@@ -35,7 +35,7 @@ class Flamestream:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._state = launcher.start_cluster(launcher.UpOptions(
             data_dir=data_dir, nodes=spec.workers, fronts=1, cluster="bench", placement=self.placement,
-            exactly_once=spec.exactly_once))
+            exactly_once=spec.exactly_once, snapshot_interval_ms=spec.snapshot_interval_ms))
         try:
             with Client(self._state.zookeeper, self._state.cluster) as client:
                 client.deploy(workload.graph())
