@@ -338,7 +338,7 @@ class AsyncClient:
         latest = await self._in_zookeeper("reading the deployed tick", lambda store: store.latest_tick())
         if latest is None:
             raise ClientError(f"nothing is deployed in cluster {self.cluster!r}: deploy a graph first")
-        return await self._deploy(latest[1]["graph"], workers, drop_state=False)
+        return await self._deploy(latest[1]["graph"], workers, drop_state=False, rebalance=True)
 
     async def wait_handover(self, tick: int, timeout: float = 60.0) -> float:
         """Wait until hand-over tick ``tick`` has its state: the previous tick's workers all wrote their snapshot
@@ -368,7 +368,8 @@ class AsyncClient:
                                   f"{timeout:g}s: {len(snapshots.get(boundary, {}))} of {workers} snapshots")
             await asyncio.sleep(0.05)
 
-    async def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False) -> int:
+    async def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False,
+                     rebalance: bool = False) -> int:
         """Publish a tick running ``graph`` on the registered members; returns its number.
 
         The tick lists the workers in index order (worker ``i`` owns hash range
@@ -379,11 +380,13 @@ class AsyncClient:
         stamping lease, and take over the current tick's grouping state below
         T (groupings matched by name), so counts carry on instead of
         restarting.  A grouping of the current graph that the new one lacks
-        would lose its state: refused unless ``drop_state``.
+        would lose its state: refused unless ``drop_state``.  With
+        ``rebalance``, the hash ranges give each worker an equal share of the
+        load the workers measured (``Layout.balanced``), not of the hash space.
         """
-        return await self._deploy(graph.to_dict(), workers, drop_state)
+        return await self._deploy(graph.to_dict(), workers, drop_state, rebalance)
 
-    async def _deploy(self, graph: dict[str, Any], workers: int | None, drop_state: bool) -> int:
+    async def _deploy(self, graph: dict[str, Any], workers: int | None, drop_state: bool, rebalance: bool) -> int:
         self._forget_members()
         ackers = await self.members(ACKER)
         registered = _numbered(WORKER, await self.members(WORKER), "index")
@@ -399,8 +402,9 @@ class AsyncClient:
         if uncovered:
             raise ClientError(f"no barrier owns the partition of front(s) {uncovered}")
         (acker_name, acker_info), = ackers.items()
+        loads = await self._in_zookeeper("reading the load", lambda store: store.loads()) if rebalance else []
         tick = Tick(number=0, start=GlobalTime(time.time_ns() // 1_000_000, 0), graph=graph,
-                    layout=Layout.even(len(by_index)), workers=tuple(address for _, address in by_index),
+                    layout=Layout.balanced(loads, len(by_index)), workers=tuple(address for _, address in by_index),
                     fronts=tuple(front for front, _ in fronts),
                     acker=str(_field(ACKER, acker_name, acker_info, "address")),
                     barriers=tuple(sorted(barriers.items())))
@@ -678,8 +682,9 @@ class Client:
         self._thread.join()
         self._loop.close()
 
-    def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False) -> int:
-        return self._run(self._client.deploy(graph, workers, drop_state))
+    def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False,
+               rebalance: bool = False) -> int:
+        return self._run(self._client.deploy(graph, workers, drop_state, rebalance))
 
     def rescale(self, workers: int) -> int:
         return self._run(self._client.rescale(workers))

@@ -6,6 +6,7 @@ Layout under ``<root>/<cluster>/``::
     ticks/<n>                          JSON tick, n = 0000000000, 0000000001, ...
     ticks/<n>/snapshots/<b>/worker<i>  worker i of tick n wrote its snapshot below boundary b (file, checksum)
     leases/front<f>                    ephemeral: front f stamps nothing at or after {"until": ts} unrenewed
+    load/worker<i>                     ephemeral: items worker i processed per hash bucket (for rebalancing)
     offsets/<group>/<topic>/<partition>  committed offset as a decimal number
 
 Membership nodes are ephemeral so a crashed process drops out of the cluster by
@@ -334,6 +335,34 @@ class ClusterStore:
                 continue
             result[int(name.removeprefix("front"))] = (int(_decode(f"{root}/{name}", data)["until"]), stat.version)
         return result
+
+    # -- load statistics -----------------------------------------------------
+
+    def report_load(self, worker: int, buckets: list[int]) -> None:
+        """Worker ``worker`` processed ``buckets[b]`` items of hash bucket ``b`` (cumulative; ephemeral)."""
+        path = f"{self.base}/load/worker{_check_count('worker', worker)}"
+        data = _encode({"buckets": [_check_count("load", n) for n in buckets]})
+        try:
+            self._zk.set(path, data)
+        except NoNodeError:
+            self._zk.create(path, data, ephemeral=True, makepath=True)
+
+    def loads(self) -> list[int]:
+        """Items per hash bucket, summed over every live worker's report (empty when nobody reported)."""
+        root = f"{self.base}/load"
+        total: list[int] = []
+        try:
+            names = self._zk.get_children(root)
+        except NoNodeError:
+            return total
+        for name in names:
+            try:
+                data, _ = self._zk.get(f"{root}/{name}")
+            except NoNodeError:
+                continue
+            buckets = [int(n) for n in _decode(f"{root}/{name}", data)["buckets"]]
+            total = [a + b for a, b in zip(total, buckets, strict=True)] if total else buckets
+        return total
 
     # -- snapshots -----------------------------------------------------------
 

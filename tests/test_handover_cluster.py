@@ -24,6 +24,8 @@ import pytest
 from examples import inverted_index, wordcount
 from flamestream import Graph, run_oracle
 from flamestream.client import Client
+from flamestream.cluster import ClusterStore
+from flamestream.core.tick import Layout
 from flamestream.storage.input_log import read_input_logs
 from tests.test_cluster_e2e import as_multiset
 
@@ -97,11 +99,16 @@ def test_rescale_and_redeploy_mid_stream_equals_the_oracle(workload: str, tmp_pa
         assert cli("deploy", graph_file, "--data-dir", str(data)).returncode == 0
         pusher = Pusher(zookeeper, cluster, source(), pause)
         pusher.start()
-        steps = [("scale", "--workers", "3"), ("deploy", graph_file), ("scale", "--workers", "2")]
+        steps = [("scale", "--workers", "3"), ("deploy", graph_file, "--rebalance"), ("scale", "--workers", "2")]
         for command, *rest in steps:
             before = pusher.pushed
             while pusher.pushed < before + 20 and pusher.is_alive():  # the stream flows between the steps
                 time.sleep(0.05)
+            if "--rebalance" in rest:
+                with ClusterStore(zookeeper, cluster=cluster) as store:  # the workers' load reports
+                    deadline = time.monotonic() + 30
+                    while not store.loads() and time.monotonic() < deadline:
+                        time.sleep(0.1)
             done = cli(command, *rest, "--data-dir", str(data))
             assert done.returncode == 0, f"{command} {rest}: {done.stdout}{done.stderr}"
         before = pusher.pushed
@@ -120,6 +127,10 @@ def test_rescale_and_redeploy_mid_stream_equals_the_oracle(workload: str, tmp_pa
                 if len(got) >= len(expected):
                     break
         assert as_multiset(got) == as_multiset(expected)
+        with ClusterStore(zookeeper, cluster=cluster) as store:
+            layouts = [Layout(tuple(data_["layout"])) for _n, data_ in store.ticks()]
+        assert [layout.workers for layout in layouts] == [2, 3, 3, 2]
+        assert layouts[2] != Layout.even(3)  # cut by the measured load: the keys are skewed
         nodes = [p["name"] for p in json.loads((data / "cluster.json").read_text())["processes"] if p["role"] == "node"]
         assert nodes == ["node0", "node1"]  # node2 came and went
         logs = "".join(path.read_text() for path in (data / "logs").glob("node*.log"))

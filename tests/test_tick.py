@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flamestream.core.hashing import INT32_MAX, INT32_MIN, constant_hash, stable_hash, to_int32
@@ -125,3 +125,34 @@ def test_stable_hash_known_values() -> None:
     assert stable_hash(7) == 1790921346  # crc32(b"7"): repr of non-strings
     assert stable_hash(7) == stable_hash("7")
     assert constant_hash("anything") == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(loads=st.lists(st.integers(0, 1000), min_size=8, max_size=64), workers=st.integers(1, 8))
+def test_balanced_layouts_split_the_measured_load_at_bucket_borders(loads: list[int], workers: int) -> None:
+    layout = Layout.balanced(loads, workers)
+    assert layout.workers == workers  # valid: starts at INT32_MIN, strictly increasing (checked by Layout)
+    width = (INT32_MAX - INT32_MIN + 1) // len(loads)
+    if sum(loads) == 0 or workers > len(loads):
+        assert layout == Layout.even(workers)
+        return
+    assert all((start - INT32_MIN) % width == 0 for start in layout.starts)
+    shares = [sum(load for b, load in enumerate(loads) if layout.owner(INT32_MIN + b * width) == w)
+              for w in range(workers)]
+    assert sum(shares) == sum(loads)
+    # Each cut is within one bucket of its equal share, unless buckets must be left for the workers after it.
+    for k in range(1, workers):
+        border = (layout.starts[k] - INT32_MIN) // width
+        if k < border < len(loads) - (workers - k):
+            target = sum(loads) * k / workers
+            assert abs(sum(loads[:border]) - target) <= max(loads[border - 1], loads[border]), (k, border)
+
+
+def test_a_hot_key_gets_a_worker_of_its_own() -> None:
+    loads = [1] * 256
+    loads[10] = 1000
+    layout = Layout.balanced(loads, 3)
+    hot = INT32_MIN + 10 * (1 << 24)
+    owner = layout.owner(hot)
+    assert layout.range_of(owner) == (hot, hot + (1 << 24) - 1)  # nothing else shares the hot bucket's worker
+    assert Layout.balanced([0] * 256, 3) == Layout.even(3)

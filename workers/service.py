@@ -29,6 +29,7 @@ import grpc
 
 from flamestream.cluster import ClusterStore
 from flamestream.core.graph import Graph
+from flamestream.core.hashing import INT32_MIN
 from flamestream.core.item import Envelope, Item, envelope_meta, envelope_time, item_time
 from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import compile_graph
@@ -50,6 +51,12 @@ from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 
 Acks = dict[GlobalTime, int]
+
+LOAD_SHIFT = 24
+LOAD_BUCKETS = 1 << (32 - LOAD_SHIFT)
+"""Hash buckets of the load statistics (256): the int32 space in equal slices, the grain of a rebalanced layout."""
+LOAD_REPORT_EVERY = 2.0
+"""Seconds between load reports to ZooKeeper (only when something changed)."""
 
 SNAPSHOT_POLL = 0.05
 """Seconds between looks at ZooKeeper while a new tick waits for its previous tick's snapshot to complete."""
@@ -87,6 +94,8 @@ class WorkerService(rpc.WorkerServicer):
         self.snapshot_interval = snapshot_interval_ms if data_dir is not None and store is not None else 0
         self.snapshot_retention = snapshot_retention
         self.inbox: asyncio.Queue[pb.ItemBatch] = asyncio.Queue()
+        self.load = [0] * LOAD_BUCKETS
+        """Items processed per hash bucket (envelopes with a hash), for ``deploy --rebalance``."""
         self.current: _Deployment | None = None
         self.previous: _Deployment | None = None
         """The tick handing its state over to ``current``, until its snapshot below ``handover_at`` is written."""
@@ -290,8 +299,22 @@ class WorkerService(rpc.WorkerServicer):
         else:
             deployment.waiting.append((envelopes, acks))
 
+    async def report_load(self) -> None:
+        """Publish the load statistics every few seconds, when they changed."""
+        assert self.store is not None
+        reported: list[int] = []
+        while True:
+            await asyncio.sleep(LOAD_REPORT_EVERY)
+            if self.load != reported:
+                reported = list(self.load)
+                await asyncio.to_thread(self.store.report_load, self.index, reported)
+
     async def _process(self, deployment: _Deployment, envelopes: list[Envelope], acks: Acks) -> None:
         tick = deployment.tick
+        load = self.load
+        for _op, h, _item in envelopes:
+            if h is not None:
+                load[(h - INT32_MIN) >> LOAD_SHIFT] += 1
         # Outputs leave in pieces while the core runs on (see Worker.run); the receipt acks go last, once
         # every output's send ack is folded in, so the acker never sees this step's items as done early.
         for remote, to_barrier in deployment.core.run(envelopes, self.batch_items):
@@ -341,6 +364,8 @@ class WorkerRole:
         self.service.supervisor = supervisor
         # A worker that cannot process cannot go on: it would hold the min time forever.
         supervisor.spawn(self.name, "processing loop", self.service.run(), essential=True)
+        if self._store is not None:
+            supervisor.spawn(self.name, "load reports", self.service.report_load())
 
     async def deploy(self, tick: Tick) -> None:
         assert self.service is not None

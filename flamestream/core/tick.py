@@ -8,8 +8,9 @@ with a different layout.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from flamestream.core.hashing import INT32_MAX, INT32_MIN
@@ -28,6 +29,31 @@ class Layout:
             raise ValueError(f"need at least one worker, got {workers}")
         span = (INT32_MAX - INT32_MIN + 1) // workers
         return cls(tuple(INT32_MIN + i * span for i in range(workers)))
+
+    @classmethod
+    def balanced(cls, loads: list[int], workers: int) -> Layout:
+        """Ranges giving each worker an equal share of the measured ``loads`` (items per hash bucket, the int32
+        space cut into ``len(loads)`` equal buckets), cut at the bucket borders closest to each equal share;
+        the even layout when nothing was measured.
+
+        Why load and not hash space: with skewed keys (a few hot words) an even
+        cut leaves one worker with most of the work.
+        """
+        total = sum(loads)
+        if workers < 1 or total == 0 or workers > len(loads):
+            return cls.even(workers)
+        width = (INT32_MAX - INT32_MIN + 1) // len(loads)
+        before = [0, *accumulate(loads)]
+        """before[b]: the load below border b (the start of bucket b)."""
+        borders = [0]
+        for k in range(1, workers):
+            target = total * k / workers
+            b = bisect_left(before, target)
+            if b > 0 and target - before[b - 1] < before[b] - target:
+                b -= 1
+            # Strictly after the previous border, and leaving a bucket for each worker still to come.
+            borders.append(min(max(b, borders[-1] + 1), len(loads) - (workers - k)))
+        return cls(tuple(INT32_MIN + border * width for border in borders))
 
     def __post_init__(self) -> None:
         if not self.starts or self.starts[0] != INT32_MIN or list(self.starts) != sorted(set(self.starts)):
