@@ -120,3 +120,11 @@ def test_damage_is_detected_and_named(tmp_path: Path, damage: str) -> None:
     with pytest.raises(SnapshotError, match=expected) as info:
         read_snapshot(path)
     assert str(path) in str(info.value)
+
+
+def test_chunks_written_one_after_another_decode_in_order() -> None:
+    shared = (1, "x")
+    parts = [values.encode([shared, {shared: [shared]}]) for _ in range(3)]  # memoized references in each
+    assert values.decode_all(b"".join(parts)) == [[shared, {shared: [shared]}]] * 3
+    with pytest.raises(ValueError, match="2 values"):
+        values.decode(b"".join(parts[:2]))

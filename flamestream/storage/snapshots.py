@@ -5,9 +5,9 @@ from, so a file that is torn or bit-rotted must be *detected*, never loaded:
 the file carries a format version and a SHA-256 of its body, and is written
 to a temporary name, fsynced and renamed (then the directory fsynced), so a
 crash leaves the old file or the new one.  The body is
-``flamestream.core.values``: exact for tuples and non-string keys, and
-decoding it can build only plain values (no pickle: nothing read back may
-run code).
+``flamestream.core.values`` in chunks of buckets: exact for tuples and
+non-string keys, and decoding can build only plain values (nothing read back
+may run code).
 
 Layout: ``DIR/snapshots/<boundary ts>-<boundary front>/worker-<i>.snap``.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,26 +66,33 @@ def snapshot_path(data_dir: Path, boundary: GlobalTime, worker: int) -> Path:
     return snapshot_dir(data_dir, boundary) / f"worker-{worker}.snap"
 
 
-def _encodable(state: WorkerState) -> dict[str, list[Any]]:
-    return {name: [[h, key, [[gt.ts, gt.front, list(trace), payload] for (gt, trace), payload in entries]]
-                   for h, key, entries in buckets]
-            for name, buckets in state.items()}
+CHUNK = 512
+"""Buckets per encoded chunk: each chunk is one short stretch of GIL-holding C code (see values.decode_all)."""
 
 
-def _state(body: Any) -> WorkerState:
-    if not isinstance(body, dict):
-        raise ValueError("the body is not a map of groupings")
+def _chunks(state: WorkerState) -> Iterator[bytes]:
+    for name, buckets in state.items():
+        yield values.encode([name])  # a grouping with no buckets still says it exists
+        for start in range(0, len(buckets), CHUNK):
+            yield values.encode([name, [[h, key, [[gt.ts, gt.front, list(trace), payload]
+                                                  for (gt, trace), payload in entries]]
+                                        for h, key, entries in buckets[start:start + CHUNK]]])
+
+
+def _state(chunks: list[Any]) -> WorkerState:
     state: WorkerState = {}
-    for name, buckets in body.items():
-        state[name] = [(int(h), key, [((GlobalTime(int(ts), int(front)), tuple(int(t) for t in trace)), payload)
-                                      for ts, front, trace, payload in entries])
-                       for h, key, entries in buckets]
+    for chunk in chunks:
+        name, *buckets = chunk
+        mine = state.setdefault(str(name), [])
+        for h, key, entries in buckets[0] if buckets else []:
+            mine.append((int(h), key, [((GlobalTime(int(ts), int(front)), tuple(int(t) for t in trace)), payload)
+                                       for ts, front, trace, payload in entries]))
     return state
 
 
 def write_snapshot(path: Path, state: WorkerState, *, boundary: GlobalTime, worker: int, tick: int) -> SnapshotInfo:
     """Write ``state`` durably and atomically to ``path``; returns its header."""
-    body = values.encode(_encodable(state))
+    body = b"".join(_chunks(state))
     info = SnapshotInfo(boundary=boundary, worker=worker, tick=tick,
                         keys=sum(len(buckets) for buckets in state.values()),
                         items=sum(len(entries) for buckets in state.values() for _h, _k, entries in buckets),
@@ -132,6 +140,6 @@ def read_snapshot(path: Path) -> tuple[SnapshotInfo, WorkerState]:
     if hashlib.sha256(body).hexdigest() != info.sha256:
         raise SnapshotError(f"snapshot {path} is corrupted: its checksum does not match")
     try:
-        return info, _state(values.decode(body))
+        return info, _state(values.decode_all(body))
     except (ValueError, TypeError) as exc:
         raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
