@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--placement", choices=launcher.PLACEMENTS, default="nodes",
                     help="nodes (default): roles share --nodes processes and talk in-process; separate: one process "
                          "per role (slower; kept for comparison)")
+    up.add_argument("--snapshot-interval-ms", type=int, default=launcher.DEFAULT_SNAPSHOT_INTERVAL_MS,
+                    help="workers snapshot their state below every multiple of this many ms of global time "
+                         f"(DIR/snapshots; 0 = off; default {launcher.DEFAULT_SNAPSHOT_INTERVAL_MS})")
     up.add_argument("--log-format", choices=("text", "json"), default="text",
                     help="the nodes' logs (DIR/logs/<node>.log): text (default) or json lines")
     up.add_argument("--guarantees", choices=("exactly-once", "off"), default="exactly-once",
@@ -149,10 +152,27 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"the cluster's data directory "
                                                                    f"(default {DEFAULT_DATA_DIR})")
 
-    deploy = sub.add_parser("deploy", help="run a graph on the cluster from now on")
+    deploy = sub.add_parser("deploy", help="run a graph on the cluster from now on (taking over the running "
+                                           "graph's state)")
     deploy.set_defaults(handler=cmd_deploy)
     deploy.add_argument("graph", help="Python file defining graph()")
+    deploy.add_argument("--workers", type=positive, help="run on workers 0..N-1 only (default: every registered one)")
+    deploy.add_argument("--drop-state", action="store_true",
+                        help="allow dropping the state of groupings the new graph no longer has")
+    deploy.add_argument("--rebalance", action="store_true",
+                        help="cut the hash ranges so each worker gets an equal share of the load the workers measured "
+                             "(scale always does)")
     add_cluster_arguments(deploy)
+
+    scale = sub.add_parser("scale", help="change the number of workers of a cluster started by `up`, handing the "
+                                         "running graph's state over")
+    scale.set_defaults(handler=cmd_scale)
+    scale.add_argument("--workers", type=positive, required=True, help="workers (one node each) from now on")
+    scale.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"the cluster's data directory "
+                                                                    f"(default {DEFAULT_DATA_DIR})")
+    scale.add_argument("--timeout", type=seconds, default=launcher.DEFAULT_TIMEOUT,
+                       help=f"seconds to wait for new nodes and for the hand-over, default "
+                            f"{launcher.DEFAULT_TIMEOUT:g}")
 
     push = sub.add_parser("push", help="push events to the cluster's fronts")
     push.set_defaults(handler=cmd_push)
@@ -172,14 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
                          help='print {"partition", "offset", "ts", "front", "payload"} instead of the payload')
     add_cluster_arguments(consume)
 
-    replay = sub.add_parser("replay", help="run a graph over the fronts' input log as a Spark job, into Parquet")
+    replay = sub.add_parser("replay", help="run the fronts' input log through the deployed graphs as a Spark job, "
+                                           "into Parquet")
     replay.set_defaults(handler=cmd_replay)
-    replay.add_argument("--graph", required=True, help="Python file defining graph()")
     replay.add_argument("--input-log", required=True,
                         help="the cluster's data dir (or its input/ dir) holding the fronts' input logs")
     replay.add_argument("--out", required=True, help="output directory for the Parquet files (replaced)")
+    replay.add_argument("--graph", help="Python file defining graph(): replay this one graph over the whole log "
+                                        "(default: follow the cluster's ticks, each interval with its own graph)")
+    replay.add_argument("--zookeeper", metavar="HOST:PORT",
+                        help="the cluster's ZooKeeper, to read its ticks (default: the one INPUT_LOG/cluster.json "
+                             "records)")
+    replay.add_argument("--cluster", type=cluster_name, help="cluster name, with --zookeeper (default 'default')")
+    replay.add_argument("--from-snapshot", metavar="DIR",
+                        help="start from this complete snapshot (DATA_DIR/snapshots/<ts>-<front>) and replay only "
+                             "the log at or after its boundary")
     replay.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
-    replay.add_argument("--partitions", type=positive, default=4, help="partitions per stage (default 4)")
+    replay.add_argument("--partitions", type=positive, default=8,
+                        help="partitions (hash ranges) per stage (default 8: several per core even out hash ranges "
+                             "of uneven load)")
+    replay.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="Spark configuration, e.g. spark.executor.memory=2g (repeatable)")
 
     sink = sub.add_parser("sink", help="land the output topic in a table with Spark Structured Streaming")
     sink.set_defaults(handler=cmd_sink)
@@ -190,12 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
     sink.add_argument("--once", action="store_true", help="land what the topic holds now, then stop")
     sink.add_argument("--max-records-per-trigger", type=positive, help="bound each micro-batch")
     sink.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    sink.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                      help="Spark configuration (repeatable)")
 
     audit = sub.add_parser("audit", help="compare the output topic with a batch replay (exit 1 when they differ)")
     audit.set_defaults(handler=cmd_audit)
     audit.add_argument("--topic", required=True, help="the cluster's data dir (or its topic/ dir)")
     audit.add_argument("--replay", required=True, help="Parquet directory written by `flamestream replay`")
     audit.add_argument("--show", type=positive, default=10, help="differences to print per side (default 10)")
+    audit.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    audit.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="Spark configuration (repeatable)")
     bench = sub.add_parser("bench", help="latency and throughput of flamestream and its peers, side by side")
     bench.set_defaults(handler=cmd_bench)
     bench.add_argument("workload", choices=("inverted-index", "wordcount"))
@@ -209,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--guarantees", choices=("exactly-once", "off", "both"), default="both",
                        help="run flamestream exactly-once, with guarantees off (barrier releases on arrival), or "
                             "both (default)")
+    bench.add_argument("--snapshot-interval", type=interval_list, default=[1000], metavar="MS[,MS...]",
+                       help="flamestream's snapshot interval in ms (0 = off); several run side by side, the first "
+                            "also for the other variants (default 1000)")
     bench.add_argument("--placement", choices=("nodes", "separate", "both"), default="nodes",
                        help="flamestream's processes: nodes (default; co-located roles), separate (a process per "
                             "role), or both, side by side")
@@ -228,6 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def rate_list(text: str) -> list[float]:
     return [rate(part) for part in text.split(",") if part.strip()]
+
+
+def interval_list(text: str) -> list[int]:
+    try:
+        intervals = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated milliseconds such as 1000,0, "
+                                         f"got {text!r}") from None
+    if any(ms < 0 for ms in intervals):
+        raise argparse.ArgumentTypeError(f"intervals must be >= 0 ms, got {text!r}")
+    return list(dict.fromkeys(intervals))
 
 
 def peer_list(text: str) -> list[str]:
@@ -260,6 +312,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     options = Options(workload=args.workload, rate=args.rate or chosen.default_rate, duration=args.duration,
                       workers=args.workers, peers=args.peers, guarantees=args.guarantees, placement=args.placement,
+                      snapshot_intervals=args.snapshot_interval,
                       sweep=args.sweep,
                       throughput=args.throughput, rounds=args.rounds, seed=args.seed, out=Path(args.out),
                       drain_timeout=args.drain_timeout)
@@ -299,36 +352,60 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from flamestream.spark.replay import ReplayError, replay, spark_session, to_parquet
-    from flamestream.storage.input_log import read_input_logs
+    from flamestream.spark.replay import ReplayError, parse_conf, read_ticks, replay, spark_session
+    from flamestream.spark.source import front_logs
 
-    graph, _module = load_graph(args.graph)
     source = Path(args.input_log)
     if not source.is_dir():
         raise UsageError(f"--input-log {args.input_log!r} is not a directory")
-    stamped = read_input_logs(source)
-    if not stamped:
+    if not front_logs(source):
         raise UsageError(f"no input log under {source} (expected front-<id>/ directories, or input/ holding them)")
-    spark = spark_session(args.master, "flamestream-replay")
+    if args.graph is not None and args.zookeeper is not None:
+        raise UsageError("--graph replays one graph over the whole log; --zookeeper reads the cluster's ticks "
+                         "instead: give one of them")
+    conf = parse_conf(args.conf)
+    graph, ticks = None, None
+    if args.graph is not None:
+        graph, _module = load_graph(args.graph)
+    else:
+        zookeeper, cluster = args.zookeeper, args.cluster or "default"
+        if zookeeper is None:
+            state = None
+            for data_dir in (source, source.parent):
+                try:
+                    state = state or launcher.load_state(data_dir.resolve())
+                except ValueError as exc:
+                    raise UsageError(str(exc)) from None
+            if state is None:
+                raise UsageError(f"no --graph, and no cluster.json in {source} to find the cluster's ticks: pass "
+                                 "--graph FILE to replay one graph, or --zookeeper HOST:PORT [--cluster NAME]")
+            zookeeper, cluster = state.zookeeper, state.cluster
+        try:
+            ticks = read_ticks(zookeeper, cluster)
+        except Exception as exc:  # unreachable ZooKeeper (kazoo's timeout), malformed ticks
+            raise NotRunning(f"cannot read the ticks of cluster {cluster!r} from ZooKeeper {zookeeper}: {exc}; "
+                             "pass --graph FILE to replay one graph instead") from None
+    spark = spark_session(args.master, "flamestream-replay", conf)
     try:
-        released = replay(spark, graph, stamped, partitions=args.partitions)
-        to_parquet(spark, released, args.out)
+        result = replay(spark, source, args.out, graph=graph, ticks=ticks, snapshot=args.from_snapshot,
+                        partitions=args.partitions)
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
     finally:
         spark.stop()
-    print(f"flamestream: replayed {len(stamped)} events -> {len(released)} records in {args.out}", file=sys.stderr)
+    print(f"flamestream: replayed {result.events} events -> {result.released} records in {args.out}",
+          file=sys.stderr)
     return 0
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    from flamestream.spark.replay import spark_session
+    from flamestream.spark.replay import parse_conf, spark_session
     from flamestream.spark.source import start_parquet_sink
 
     if not Path(args.topic).is_dir():
         raise UsageError(f"--topic {args.topic!r} is not a directory")
     checkpoint = args.checkpoint or str(Path(args.out) / "_checkpoint")
-    spark = spark_session(args.master, "flamestream-sink")
+    spark = spark_session(args.master, "flamestream-sink", parse_conf(args.conf))
     try:
         query = start_parquet_sink(spark, args.topic, args.out, checkpoint, available_now=args.once,
                                    max_records=args.max_records_per_trigger)
@@ -340,20 +417,18 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from flamestream.spark.audit import audit, replay_records, topic_records
-    from flamestream.spark.replay import spark_session
+    from flamestream.spark.audit import audit_spark
+    from flamestream.spark.replay import parse_conf, spark_session
 
     topic_dir, replay_dir = Path(args.topic), Path(args.replay)
     for flag, path in (("--topic", topic_dir), ("--replay", replay_dir)):
         if not path.is_dir():
             raise UsageError(f"{flag} {str(path)!r} is not a directory")
-    topic = topic_records(topic_dir)
-    spark = spark_session("local[1]", "flamestream-audit")
+    spark = spark_session(args.master, "flamestream-audit", parse_conf(args.conf))
     try:
-        replayed = replay_records(spark, str(replay_dir))
+        result = audit_spark(spark, topic_dir, replay_dir, show=args.show)
     finally:
         spark.stop()
-    result = audit(topic, replayed)
     print(result.verdict(args.show))
     return 0 if result.equal else 1
 
@@ -401,7 +476,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"flamestream: removed the record of an earlier cluster in {data_dir}: none of its processes is "
               "running", file=sys.stderr)
     options = launcher.UpOptions(data_dir=data_dir, nodes=args.nodes, fronts=args.fronts,
-                                 placement=args.placement, log_format=args.log_format, zookeeper=args.zookeeper,
+                                 placement=args.placement, log_format=args.log_format,
+                                 snapshot_interval_ms=args.snapshot_interval_ms, zookeeper=args.zookeeper,
                                  cluster=args.cluster, timeout=args.timeout,
                                  exactly_once=args.guarantees == "exactly-once")
     try:
@@ -469,11 +545,39 @@ def cluster_address(args: argparse.Namespace) -> tuple[str, str]:
     return state.zookeeper, state.cluster
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Start or stop worker nodes and hand the running graph over to the new layout."""
+    data_dir = Path(args.data_dir).resolve()
+    zookeeper, cluster = cluster_address(argparse.Namespace(zookeeper=None, cluster=None, data_dir=args.data_dir))
+    state = launcher.load_state(data_dir)
+    assert state is not None  # cluster_address checked it
+    workers = {index: record for record in state.processes for role, name in record.members if role == "worker"
+               for index in [int(name.removeprefix("worker"))]}
+    if sorted(workers) != list(range(len(workers))):
+        raise UsageError(f"the cluster in {data_dir} runs workers {sorted(workers)}: scale needs 0..N-1")
+    started = [launcher.NodePlan(f"{launcher.NODE}{k}", worker=k) for k in range(len(workers), args.workers)]
+    try:
+        launcher.add_nodes(data_dir, state, started, args.timeout)
+    except launcher.StartError as exc:
+        raise NotRunning(f"{exc.component} failed to start: {exc.reason}") from None
+    with Client(zookeeper, cluster) as client:
+        tick = client.rescale(args.workers)
+        waited = client.wait_handover(tick, args.timeout)
+    leaving = [record for k, record in workers.items() if k >= args.workers
+               and all(role == "worker" for role, _ in record.members)]
+    launcher.remove_nodes(data_dir, state, leaving)
+    print(tick)
+    print(f"flamestream: tick {tick} runs {args.workers} workers (started {len(started)} nodes, stopped "
+          f"{len(leaving)}); the state was handed over {waited:.2f}s after it was published", file=sys.stderr)
+    return 0
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     graph, _module = load_graph(args.graph)
     zookeeper, cluster = cluster_address(args)
     with Client(zookeeper, cluster) as client:
-        number = client.deploy(graph)
+        number = client.deploy(graph, workers=args.workers, drop_state=args.drop_state, rebalance=args.rebalance)
+        client.wait_handover(number)
     print(number)
     return 0
 

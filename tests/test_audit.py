@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flamestream.client import Client
 from flamestream.core.meta import GlobalTime
-from flamestream.spark.audit import audit, topic_records
+from flamestream.core.payload import encode_payload
+from flamestream.spark.audit import audit, audit_spark, topic_records
+from flamestream.spark.replay import OUT_SCHEMA
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
 
@@ -30,6 +33,35 @@ def test_audit_compares_multisets_by_global_time_and_payload() -> None:
     assert not diff.equal
     assert diff.only_in_topic == [((a, '"p"'), 1), ((b, '"z"'), 1)] and diff.only_in_replay == [((b, '"q"'), 1)]
     assert "only in the topic: ts=2 front=1 x1 \"z\"" in diff.verdict()
+
+
+def write_topic(data_dir: Path, records: list[tuple[GlobalTime, Any]]) -> None:
+    for front in sorted({gt.front for gt, _ in records}):
+        with SegmentedLog(data_dir / "topic" / str(front), fsync=False) as log:
+            log.append_many([pb.Record(time=pb.GlobalTime(ts=gt.ts, front=gt.front),
+                                       payload=encode_payload(p)).SerializeToString()
+                             for gt, p in records if gt.front == front])
+
+
+@pytest.mark.slow
+def test_the_spark_audit_agrees_with_the_in_memory_one(spark: Any, tmp_path: Path) -> None:
+    """Counts joined full outer on the executors: duplicates, key order, both sides' surplus, first differences in
+    global-time order; the same verdict as comparing the lists."""
+    t = [GlobalTime(ts, ts % 2) for ts in range(40)]
+    topic = [(gt, {"n": gt.ts, "k": [1, 2]}) for gt in t] + [(t[3], "dup"), (t[3], "dup"), (t[30], {"x": 1})]
+    replay = [(gt, {"k": [1, 2], "n": gt.ts}) for gt in t if gt.ts != 7]
+    replay += [(t[3], "dup"), (t[2], 12345678901234567890123)]  # an integer beyond 64 bits too
+    write_topic(tmp_path, topic)
+    rows = [(gt.ts, [0], encode_payload(p).decode(), gt.front) for gt, p in replay]
+    spark.createDataFrame(rows, OUT_SCHEMA).write.partitionBy("front").parquet(str(tmp_path / "replay"))
+    expected = audit(topic, replay)
+    got = audit_spark(spark, tmp_path, tmp_path / "replay", show=2)
+    assert (got.topic, got.replay, got.topic_surplus, got.replay_surplus) == (43, 41, 3, 1)
+    assert got.only_in_topic == expected.only_in_topic[:2] and got.only_in_replay == expected.only_in_replay
+    assert got.verdict(2) == expected.verdict(2)
+    assert "only in the topic: ts=3 front=1 x1 \"dup\"" in got.verdict(2)
+    write_topic(tmp_path / "equal", replay)
+    assert audit_spark(spark, tmp_path / "equal", tmp_path / "replay").equal
 
 
 def copy_topic_with_one_change(source: Path, target: Path) -> str:

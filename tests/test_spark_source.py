@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from flamestream.core.front import stamp_inputs
+from flamestream.core.meta import GlobalTime
 from flamestream.core.payload import encode_payload
-from flamestream.spark.source import FlamestreamSource, start_parquet_sink
+from flamestream.spark.segments import list_segments
+from flamestream.spark.source import FlamestreamSource, InputLogSource, front_logs, start_parquet_sink
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
 
@@ -78,3 +81,27 @@ def test_cli_sink_once(tmp_path: Path, spark: Any) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert [r[4] for r in landed(spark, tmp_path / "t")] == ["p", "q", "r"]
+
+
+def test_the_input_log_as_a_source_reads_one_task_per_segment_and_prunes_by_global_time(
+        spark: Any, tmp_path: Path) -> None:
+    from tests.test_replay import write_input_logs
+
+    stamped = stamp_inputs([{"n": i, "word": "мяч"} for i in range(300)], fronts=2, per_ms=3)
+    write_input_logs(tmp_path, stamped, segment_bytes=1024)
+    segments = sum(len(list_segments(d)) for d in front_logs(tmp_path).values())
+    assert segments > 10
+    spark.dataSource.register(InputLogSource)
+    whole = spark.read.format("flamestream-input").option("path", str(tmp_path)).load()
+    assert whole.rdd.getNumPartitions() == segments  # one task per segment: the executors read the files
+    rows = whole.collect()
+    assert sorted((r.front, r.ts, r.seq, json.loads(r.payload)["n"]) for r in rows) == sorted(
+        (f, gt.ts, trace[0], p["n"]) for f, gt, trace, p in stamped)
+    assert json.loads(rows[0].payload)["word"] == "мяч"
+
+    start, stop = stamped[100][1], stamped[200][1]
+    bounded = (spark.read.format("flamestream-input").option("path", str(tmp_path / "input"))
+               .option("from", f"{start.ts}:{start.front}").option("until", f"{stop.ts}:{stop.front}").load())
+    assert bounded.rdd.getNumPartitions() < segments / 2  # segments outside the interval are not even read
+    assert sorted(GlobalTime(r.ts, r.front) for r in bounded.collect()) == sorted(
+        gt for _, gt, _, _ in stamped if start <= gt < stop)

@@ -1,0 +1,68 @@
+"""A real Spark cluster: a standalone master and one worker on loopback (the pyspark package's own launcher).
+``flamestream replay --master spark://…`` equals the local replay and the oracle, ``flamestream audit`` against it
+says EQUAL, and ``flamestream sink parquet`` lands the topic through it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples import inverted_index
+from flamestream import run_oracle
+from flamestream.core.front import stamp_inputs
+from flamestream.spark.standalone import StandaloneCluster
+from tests.test_replay import PAGES, ROOT, multiset, replayed, write_input_logs
+from tests.test_spark_driver import write_topic
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with StandaloneCluster(tmp_path_factory.mktemp("spark-standalone"), cores=2, memory="2g") as standalone:
+        yield standalone
+
+
+def flamestream(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flamestream", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_standalone_cluster_replay_equals_local_replay(cluster: StandaloneCluster, spark: Any,
+                                                        tmp_path: Path) -> None:
+    pages = list(inverted_index.read_input(str(PAGES)))[:80]
+    revised = [dict(page, text=page["text"] + " правка") for page in pages[:30]]
+    stamped = stamp_inputs(pages + revised, 2, per_ms=2)
+    data = tmp_path / "cluster"
+    write_input_logs(data, stamped)
+    outputs = {}
+    for name, master in (("standalone", cluster.url), ("local", "local[2]")):
+        outputs[name] = tmp_path / name
+        done = flamestream("replay", "--graph", "examples/inverted_index.py", "--input-log", str(data),
+                           "--out", str(outputs[name]), "--master", master, "--partitions", "3")
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "flamestream-replay" in [app["name"] for app in cluster.status()["completedapps"]]  # ran on the cluster
+    on_cluster = replayed(spark, outputs["standalone"])
+    assert multiset(on_cluster) == multiset(replayed(spark, outputs["local"]))
+    expected, _ = run_oracle(inverted_index.graph(), stamped)
+    assert multiset(on_cluster) == multiset(expected)
+
+    write_topic(data, expected)
+    audited = flamestream("audit", "--topic", str(data), "--replay", str(outputs["standalone"]),
+                          "--master", cluster.url)
+    assert audited.returncode == 0, audited.stderr[-3000:]
+    assert f"EQUAL: the topic and the replay both hold the same {len(expected)} records" in audited.stdout
+
+    table = tmp_path / "table"
+    sunk = flamestream("sink", "parquet", "--topic", str(data), "--out", str(table), "--once",
+                       "--master", cluster.url)
+    assert sunk.returncode == 0, sunk.stderr[-3000:]
+    rows = spark.read.parquet(str(table)).collect()
+    assert multiset([((r.ts, r.front), json.loads(r.payload)) for r in rows]) == multiset(
+        [((gt.ts, gt.front), p) for gt, p in expected])
