@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import importlib.util
 import io
 import itertools
 import json
@@ -54,6 +55,8 @@ def positive(text: str) -> int:
 
 
 DEFAULT_DATA_DIR = ".flamestream"
+SPARK_COMMANDS = ("replay", "audit", "sink")
+"""Commands that need the `spark` extra (nodes and the other commands do not)."""
 
 
 class UsageError(Exception):
@@ -295,7 +298,6 @@ def peer_list(text: str) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import importlib.util
 
     from flamestream.bench.suite import OURS_OFF, Options, run_suite
     from flamestream.bench.workloads import workload
@@ -335,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "cluster", None) is not None and args.command != "up" and args.zookeeper is None:
         parser.error("--cluster needs --zookeeper (with --data-dir the cluster name comes from cluster.json)")
+    if args.command in SPARK_COMMANDS and importlib.util.find_spec("pyspark") is None:
+        print(f"flamestream: error: `{args.command}` runs on Spark, which is not installed: "
+              "pip install 'flamestream[spark]'", file=sys.stderr)
+        return 2
     try:
         code: int = args.handler(args)
         return code
