@@ -21,7 +21,7 @@ from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
-from flamestream.spark.replay import OUT_SCHEMA, ReplayError, grouping_order, intervals_of_ticks, replay
+from flamestream.spark.replay import OUT_SCHEMA, ReplayError, grouping_order, intervals_of_ticks, partition_keys, replay
 from flamestream.storage.input_log import encode_record, front_log_dir
 from flamestream.storage.log import SegmentedLog
 from tests import randomgraph
@@ -91,6 +91,18 @@ def test_inverted_index_replay_equals_oracle_on_shared_pages(spark: Any, tmp_pat
 ])
 def test_chained_groupings_replay_equals_oracle(spark: Any, tmp_path: Path, stages: list[Stage]) -> None:
     check(spark, tmp_path, randomgraph.build(stages), [(i * 7) % 50 for i in range(80)])
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 3, 8, 13])
+def test_each_hash_range_gets_a_spark_partition_of_its_own(spark: Any, partitions: int) -> None:
+    """Stages key rows so that Spark's hash partitioning puts hash range i in partition i: none shares one."""
+    from pyspark.sql import functions as F
+
+    keys = partition_keys(partitions)
+    placement = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col("owner") + 1)
+    rows = (spark.range(partitions * 5).select((F.col("id") % partitions).cast("int").alias("owner"))
+            .repartition(partitions, placement).select("owner", F.spark_partition_id().alias("partition")).collect())
+    assert all(r["owner"] == r["partition"] for r in rows) and len(rows) == partitions * 5
 
 
 def test_a_cycle_through_two_groupings_is_refused_naming_the_edge() -> None:

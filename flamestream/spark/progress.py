@@ -84,6 +84,3 @@ class Progress:
         if drawn:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
-
-    def close(self) -> None:
-        """Nothing to release: every watcher ends with its stage."""

@@ -529,7 +529,6 @@ class _Job:
              .write.mode("overwrite").partitionBy("front").parquet(out))
 
     def close(self) -> None:
-        self.progress.close()
         for df in self.persisted:
             df.unpersist()
 
