@@ -41,6 +41,7 @@ from flamestream.core.hashing import stable_hash
 from flamestream.core.meta import GlobalTime
 from flamestream.core.payload import PayloadError, decode_payload, encode_payload
 from flamestream.core.tick import Layout, Tick
+from flamestream.storage.snapshots import boundary_name
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire.transport import channel as open_channel
 
@@ -351,7 +352,7 @@ class AsyncClient:
             return 0.0
         previous = await self._in_zookeeper("reading the tick", lambda store: store.tick(handover.previous or 0))
         workers = len(previous["workers"]) if previous is not None else 0
-        boundary = f"{handover.start.ts}-{handover.start.front}"
+        boundary = boundary_name(handover.start)
         started = time.monotonic()
         while True:
             snapshots = await self._in_zookeeper("reading snapshots",

@@ -168,19 +168,7 @@ class ClusterStore:
 
     def members(self, role: str) -> dict[str, dict[str, Any]]:
         """Current members of ``role`` by name, with the info they registered."""
-        path = self._role_path(role)
-        try:
-            names = self._zk.get_children(path)
-        except NoNodeError:
-            return {}
-        result: dict[str, dict[str, Any]] = {}
-        for name in sorted(names):
-            try:
-                data, _ = self._zk.get(f"{path}/{name}")
-            except NoNodeError:  # left between listing and reading
-                continue
-            result[name] = _decode(f"{path}/{name}", data)
-        return result
+        return {name: info for name, (info, _version) in self._read_children(self._role_path(role)).items()}
 
     def wait_for_members(self, role: str, count: int, timeout: float) -> dict[str, dict[str, Any]]:
         """Block until at least ``count`` members of ``role`` are registered, then return them all.
@@ -322,19 +310,8 @@ class ClusterStore:
 
     def leases(self) -> dict[int, tuple[int, int]]:
         """Front -> (lease end in ms, node version) of every live front."""
-        root = f"{self.base}/leases"
-        result: dict[int, tuple[int, int]] = {}
-        try:
-            names = self._zk.get_children(root)
-        except NoNodeError:
-            return result
-        for name in names:
-            try:
-                data, stat = self._zk.get(f"{root}/{name}")
-            except NoNodeError:
-                continue
-            result[int(name.removeprefix("front"))] = (int(_decode(f"{root}/{name}", data)["until"]), stat.version)
-        return result
+        return {int(name.removeprefix("front")): (int(info["until"]), version)
+                for name, (info, version) in self._read_children(f"{self.base}/leases").items()}
 
     # -- load statistics -----------------------------------------------------
 
@@ -349,18 +326,9 @@ class ClusterStore:
 
     def loads(self) -> list[int]:
         """Items per hash bucket, summed over every live worker's report (empty when nobody reported)."""
-        root = f"{self.base}/load"
         total: list[int] = []
-        try:
-            names = self._zk.get_children(root)
-        except NoNodeError:
-            return total
-        for name in names:
-            try:
-                data, _ = self._zk.get(f"{root}/{name}")
-            except NoNodeError:
-                continue
-            buckets = [int(n) for n in _decode(f"{root}/{name}", data)["buckets"]]
+        for info, _version in self._read_children(f"{self.base}/load").values():
+            buckets = [int(n) for n in info["buckets"]]
             total = [a + b for a, b in zip(total, buckets, strict=True)] if total else buckets
         return total
 
@@ -382,25 +350,12 @@ class ClusterStore:
     def snapshots(self, tick: int) -> dict[str, dict[str, dict[str, Any]]]:
         """Boundary -> worker member name -> the info it registered, for every snapshot of ``tick``."""
         root = self._snapshots_path(tick)
-        result: dict[str, dict[str, dict[str, Any]]] = {}
         try:
             boundaries = self._zk.get_children(root)
         except NoNodeError:
-            return result
-        for boundary in boundaries:
-            workers: dict[str, dict[str, Any]] = {}
-            try:
-                names = self._zk.get_children(f"{root}/{boundary}")
-            except NoNodeError:
-                continue
-            for name in names:
-                try:
-                    data, _ = self._zk.get(f"{root}/{boundary}/{name}")
-                except NoNodeError:
-                    continue
-                workers[name] = _decode(f"{root}/{boundary}/{name}", data)
-            result[boundary] = workers
-        return result
+            return {}
+        return {boundary: {name: info for name, (info, _version) in self._read_children(f"{root}/{boundary}").items()}
+                for boundary in boundaries}
 
     def forget_snapshot(self, tick: int, boundary: str) -> None:
         """Remove a snapshot's registrations (its files are gone or going): retention."""
@@ -439,6 +394,22 @@ class ClusterStore:
             f"{self.base}/offsets/{_check_name('group', group)}/{_check_name('topic', topic)}/"
             f"{_check_count('partition', partition)}"
         )
+
+    def _read_children(self, path: str) -> dict[str, tuple[dict[str, Any], int]]:
+        """Every child of ``path`` by name, in name order, with its JSON object and node version; a child that
+        goes away between listing and reading is left out."""
+        try:
+            names = self._zk.get_children(path)
+        except NoNodeError:
+            return {}
+        result: dict[str, tuple[dict[str, Any], int]] = {}
+        for name in sorted(names):
+            try:
+                data, stat = self._zk.get(f"{path}/{name}")
+            except NoNodeError:
+                continue
+            result[name] = (_decode(f"{path}/{name}", data), stat.version)
+        return result
 
     def _snapshots_path(self, tick: int) -> str:
         return f"{self.base}/ticks/{_check_count('tick', tick):010d}/snapshots"

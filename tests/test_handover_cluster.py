@@ -11,8 +11,6 @@ is released twice.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,16 +25,11 @@ from flamestream.client import Client
 from flamestream.cluster import ClusterStore
 from flamestream.core.tick import Layout
 from flamestream.storage.input_log import read_input_logs
-from tests.test_cluster_e2e import as_multiset
+from tests.test_cluster_e2e import as_multiset, cli
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ROOT.parent / "shared" / "data" / "wiki_football_ru.xml"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flamestream", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=240)
 
 
 class Pusher(threading.Thread):

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,15 +19,11 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from flamestream.client import Client
+from tests.test_cluster_e2e import cli
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flamestream", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180)
 
 
 def health(address: str, service: str) -> str:
