@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ LOAD_REPORT_EVERY = 2.0
 
 SNAPSHOT_POLL = 0.05
 """Seconds between looks at ZooKeeper while a new tick waits for its previous tick's snapshot to complete."""
+SNAPSHOT_WAIT_WARNING = 10.0
+"""Seconds of such waiting between warnings in the log."""
 
 
 class _Deployment:
@@ -146,7 +149,7 @@ class WorkerService(rpc.WorkerServicer):
             for old in (self.previous, self.current):
                 if old is not None:
                     await old.streams.close()
-            self.previous = None
+            self.previous = self.handover_at = None
         self.current = _Deployment(tick, core, self.local) if core is not None else None
         if self.current is None:
             self.log.info("not part of tick %d (%d workers)%s", tick.number, len(tick.workers),
@@ -169,18 +172,20 @@ class WorkerService(rpc.WorkerServicer):
         data = await asyncio.to_thread(self.store.tick, previous)
         if data is None:
             raise RuntimeError(f"tick {tick.number} takes over tick {previous}, which does not exist")
-        workers = len(Tick.from_dict({**data, "number": previous}).workers)
+        workers = len(data["workers"])
         boundary = boundary_name(tick.start)
-        waited = 0.0
+        started = time.monotonic()
+        warn_at = started + SNAPSHOT_WAIT_WARNING
         while True:
             registered = (await asyncio.to_thread(self.store.snapshots, previous)).get(boundary, {})
             if len(registered) >= workers:
                 break
             await asyncio.sleep(SNAPSHOT_POLL)
-            waited += SNAPSHOT_POLL
-            if waited % 10 < SNAPSHOT_POLL:
+            if time.monotonic() >= warn_at:
+                warn_at += SNAPSHOT_WAIT_WARNING
                 self.log.warning("tick %d still waits for the snapshot of tick %d below %s: %d of %d workers",
                                  tick.number, previous, boundary, len(registered), workers)
+        waited = time.monotonic() - started
         paths = [Path(str(info["path"])) for info in registered.values()]
         states = await asyncio.to_thread(lambda: [read_snapshot(path)[1] for path in paths])
         async with self.lock:
