@@ -174,5 +174,8 @@ class AckerRole:
     async def deploy(self, tick: Tick) -> None:
         self.service.deploy(tick)
 
+    def skip_through(self, tick: int) -> None:
+        """Ticks reach this role only through ``deploy``, which the node filters."""
+
     async def close(self) -> None:
         self.service.close()

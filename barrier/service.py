@@ -22,14 +22,18 @@ tick's min time could not be trusted); the next tick reconnects.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from flamestream.cluster import ClusterStore
 from flamestream.core.barrier import ArrivalBuffer, BarrierBuffer, Released
+from flamestream.core.item import Item
+from flamestream.core.limits import group_fault
 from flamestream.core.meta import GlobalTime
 from flamestream.core.tick import Tick
 from flamestream.runtime import hosting
@@ -66,6 +70,9 @@ class _Partition:
         """(received, retractions) of the buffers earlier ticks dropped."""
         self.appended = asyncio.Event()
         """Set (and replaced by a fresh event) whenever ``end`` grows or the barrier shuts down."""
+        self._last, self._at_last = _topic_tail(self.log)
+        """The last global time in the topic and its records: what a recovery, which replays the stream from
+        its last complete snapshot, must not release again (see ``_new_only``)."""
 
     def wake(self) -> None:
         # A fresh event per generation: waiters captured the old one before checking ``end``, so
@@ -83,11 +90,58 @@ class _Partition:
         return self._retired[0] + self.buffer.received, self.released, self._retired[1] + self.buffer.retractions
 
     async def append(self, released: list[Released]) -> None:
-        records = [record for _gt, _trace, record in released]  # serialized by the workers (codec.to_records)
+        records = self._new_only(released)  # serialized by the workers (codec.to_records)
+        if not records:
+            return
         first = await asyncio.to_thread(self.log.append_many, records)  # fsyncs: keep it off the loop
         self.end = first + len(records)
         self.released += len(records)
         self.wake()
+
+
+    def _new_only(self, released: list[Released]) -> list[bytes]:
+        """The records of ``released`` that the topic does not hold yet.
+
+        The topic is written in global-time order, and whole global times at a
+        time, so after a recovery everything below its last global time L is
+        out already.  At L itself a crash may have torn the append, so the
+        records of L are matched one for one: their bytes are deterministic (a
+        replay of the same input from the same state), but their order within
+        L need not be — traces carry grouping versions, which depend on arrival
+        order.  Once a later global time is released, L is history.
+        """
+        last = self._last
+        if last is None:
+            return [record for _gt, _trace, record in released]
+        out = []
+        for gt, _trace, record in released:
+            if gt == last and self._at_last[record] > 0:
+                self._at_last[record] -= 1  # out already
+            elif gt >= last:
+                out.append(record)
+        if released and released[-1][0] > last:
+            self._last, self._at_last = None, Counter()
+        return out
+
+
+def _topic_tail(log: SegmentedLog) -> tuple[GlobalTime | None, Counter[bytes]]:
+    """The topic's last global time and the multiset of its records (None for an empty topic)."""
+    last: GlobalTime | None = None
+    records: Counter[bytes] = Counter()
+    offset = log.end_offset
+    while offset > 0:
+        start = max(0, offset - 256)
+        chunk = log.read(start, offset - start)
+        for _offset, data in reversed(chunk):
+            time = pb.Record.FromString(data).time
+            gt = GlobalTime(time.ts, time.front)
+            if last is None:
+                last = gt
+            if gt != last:
+                return last, records
+            records[data] += 1
+        offset = start
+    return last, records
 
 
 class _AckerLink:
@@ -215,6 +269,16 @@ class BarrierService(pb_grpc.BarrierServicer):
 
     async def Deliver(self, request_iterator: AsyncIterator[pb.ItemBatch], context: Context) -> pb.Empty:
         async for batch in request_iterator:
+            # Decoding builds plain values only and refuses anything else (codec), so neither a crafted batch nor
+            # garbage can do more than end its own call; checked before the tick is needed, so garbage is
+            # refused at once.
+            try:
+                items, acks = codec.decode_items(batch)
+            except codec.BatchError as exc:
+                await self._refuse(context, batch, str(exc))
+            problem = self._check_items(items)
+            if problem is not None:
+                await self._refuse(context, batch, problem)
             # Items may come from a worker that saw the tick first; rejecting would lose the batch already
             # written (the sender only learns on its next write), so they wait for the tick instead.
             while self._link is None:
@@ -223,17 +287,10 @@ class BarrierService(pb_grpc.BarrierServicer):
             if link.error is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, link.error)
             try:
-                items, acks = codec.decode_batch(batch)
-            except Exception as exc:  # unpickling garbage can raise almost anything
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable item batch: {exc!r}")
-            problem = self._check_items(items)
-            if problem is not None:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            try:
                 for item in items:
                     self._partitions[item[1].front].buffer.insert(item)
             except ValueError as exc:  # a duplicate: a sender bug, so its acks are withheld too
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                await self._refuse(context, batch, str(exc))
             messages = codec.ack_messages(acks)
             if messages:
                 link.send(pb.AckBatch(acks=messages))
@@ -241,18 +298,24 @@ class BarrierService(pb_grpc.BarrierServicer):
                 self._min_changed.set()
         return pb.Empty()
 
-    def _check_items(self, items: list[Any]) -> str | None:
-        """Why the batch cannot be inserted, checked for every item before any is (a batch is all or nothing)."""
-        if not isinstance(items, list):
-            return f"items must be a pickled list, got {type(items).__name__}"
-        for item in items:
-            if not (isinstance(item, tuple) and len(item) == 4 and isinstance(item[1], GlobalTime)
-                    and isinstance(item[2], tuple) and (item[3] or isinstance(item[0], bytes))):
-                return f"not an item (serialized record, GlobalTime, trace, tombstone): {item!r:.200}"
-            if item[1].front not in self._partitions:
-                return (f"item at {item[1]} belongs to partition {item[1].front}, which this barrier does not own "
-                        f"(it owns {sorted(self._partitions)})")
+    def _check_items(self, items: list[Item]) -> str | None:
+        """Why the batch cannot be inserted, checked for every item before any is (a batch is all or nothing).
+
+        The codec checked each item's shape and types; what is left needs this barrier: owning the partition.
+        """
+        foreign = set(map(itemgetter(1), map(itemgetter(1), items))) - self._partitions.keys()  # item[1].front
+        if foreign:
+            gt = next(item[1] for item in items if item[1].front in foreign)
+            return (f"item at {gt} belongs to partition {gt.front}, which this barrier does not own "
+                    f"(it owns {sorted(self._partitions)})")
         return None
+
+    async def _refuse(self, context: Context, batch: pb.ItemBatch, problem: str) -> NoReturn:
+        """End the call with INVALID_ARGUMENT, and say so in the log: the sender is a buggy or hostile member."""
+        peer = getattr(context, "peer", None)  # an in-process stream's LocalContext has none
+        role_logger(self.name).warning("refused a batch of %d bytes from %s (sender %d): %s", len(batch.items),
+                                       str(peer()) if peer is not None else "this node", batch.sender, problem)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} refused the batch: {problem}")
 
     async def _owned(self, number: int, context: Context) -> _Partition:
         partition = self._partitions.get(number)
@@ -292,6 +355,9 @@ class BarrierService(pb_grpc.BarrierServicer):
         await context.abort(grpc.StatusCode.UNAVAILABLE, "barrier is shutting down")
 
     async def Commit(self, request: pb.CommitRequest, context: Context) -> pb.Empty:
+        # The group is a ZooKeeper path component: a 2 MB name made a packet ZooKeeper drops the session over.
+        if (fault := group_fault(request.group)) is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, fault)
         partition = await self._owned(request.partition, context)
         await self._check_offset(partition, request.offset, context)
         try:
@@ -301,6 +367,8 @@ class BarrierService(pb_grpc.BarrierServicer):
         return pb.Empty()
 
     async def Committed(self, request: pb.CommittedRequest, context: Context) -> pb.Offset:
+        if (fault := group_fault(request.group)) is not None:  # as in Commit
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, fault)
         partition = await self._owned(request.partition, context)
         try:
             offset = await asyncio.to_thread(self._store.committed_offset, request.group, TOPIC, partition.number)
@@ -363,6 +431,9 @@ class BarrierRole:
     async def deploy(self, tick: Tick) -> None:
         assert self.service is not None
         await self.service.deploy(tick)
+
+    def skip_through(self, tick: int) -> None:
+        """Ticks reach this role only through ``deploy``, which the node filters."""
 
     async def close(self) -> None:
         try:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import importlib.util
 import io
 import itertools
 import json
+import logging
 import math
 import os
 import sys
@@ -34,17 +36,27 @@ from typing import Any
 from flamestream import roles
 from flamestream.client import Client, ClientError, PushResult, Record
 from flamestream.cluster import ClusterStore
-from flamestream.core.functions import FunctionRefError
+from flamestream.core.functions import Allowed, FunctionRefError
 from flamestream.core.graph import GraphError
 from flamestream.core.local import LocalRuntime
 from flamestream.core.oracle import run_oracle
+from flamestream.core.payload import check_payload, decode_payload, encode_payload
 from flamestream.loader import load_graph, read_inputs
 from flamestream.runtime import launcher
 from flamestream.runtime.heap import tune_gc
+from flamestream.runtime.node import add_allow_module_argument
+from flamestream.wire.security import find_credentials
 
 
 def to_json(payload: Any) -> str:
     return json.dumps(payload, ensure_ascii=False, default=repr)
+
+
+def record_text(payload: Any) -> str:
+    """What ``consume`` would print for ``payload`` released by a cluster: its record (``encode_payload``: NaN as
+    null, a value JSON cannot hold as its repr, an unwritable one as its dead letter), read back.  So ``run``
+    never prints invalid JSON, nor dies on an output the cluster writes."""
+    return to_json(decode_payload(encode_payload(payload)))
 
 
 def positive(text: str) -> int:
@@ -94,6 +106,11 @@ def cluster_name(text: str) -> str:
     return text
 
 
+TLS_BY_DEFAULT = False
+"""Whether ``up`` secures the cluster unless told ``--no-tls``: off this round (every existing test and SDK user
+would need credentials first); flipping it is this one line."""
+
+
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """How deploy/push/consume find the cluster: the data directory of `up`, or ZooKeeper directly."""
     where = parser.add_mutually_exclusive_group()
@@ -101,6 +118,31 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                                           f"(default {DEFAULT_DATA_DIR})")
     where.add_argument("--zookeeper", metavar="HOST:PORT", help="the cluster's ZooKeeper, instead of --data-dir")
     parser.add_argument("--cluster", type=cluster_name, help="cluster name, with --zookeeper (default 'default')")
+    add_credentials_argument(parser)
+
+
+def add_credentials_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--credentials", metavar="PATH",
+                        help="credentials directory of a `up --tls` cluster (CA, client certificate, tokens); default "
+                             "$FLAMESTREAM_CREDENTIALS, else the one recorded in the --data-dir cluster's cluster.json")
+
+
+def credentials_of(args: argparse.Namespace) -> str | None:
+    """``--credentials``, else ``$FLAMESTREAM_CREDENTIALS``, else the ``up --tls`` record of the data dir's cluster,
+    else ``DIR/tls`` if it exists; None: plaintext.  With ``--zookeeper`` only the first two: the data dir then
+    says nothing about that cluster."""
+    explicit = find_credentials(getattr(args, "credentials", None))
+    if explicit is not None:
+        return str(explicit)
+    if getattr(args, "zookeeper", None) is not None:
+        return None
+    data_dir = Path(getattr(args, "data_dir", None) or DEFAULT_DATA_DIR).resolve()
+    with contextlib.suppress(ValueError):
+        state = launcher.load_state(data_dir)
+        if state is not None and state.tls_dir:
+            return state.tls_dir
+    found = find_credentials(None, data_dir)  # DIR/tls, e.g. copied from the cluster's host
+    return str(found) if found is not None else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--adversarial", action="store_true", help="skew channel speeds to force replays")
     run.add_argument("--oracle", action="store_true", help="run the sequential oracle instead of the runtime")
     run.add_argument("--stats", action="store_true", help="print run statistics as JSON on stderr")
+    add_allow_module_argument(run)
 
     up = sub.add_parser("up", help="start a local cluster in the background")
     up.set_defaults(handler=cmd_up)
@@ -132,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--snapshot-interval-ms", type=int, default=launcher.DEFAULT_SNAPSHOT_INTERVAL_MS,
                     help="workers snapshot their state below every multiple of this many ms of global time "
                          f"(DIR/snapshots; 0 = off; default {launcher.DEFAULT_SNAPSHOT_INTERVAL_MS})")
+    up.add_argument("--log-segment-bytes", type=positive, metavar="BYTES",
+                    help="the fronts' input-log segment size; retention deletes whole segments below the oldest "
+                         "retained complete snapshot (default 64 MiB)")
     up.add_argument("--log-format", choices=("text", "json"), default="text",
                     help="the nodes' logs (DIR/logs/<node>.log): text (default) or json lines")
     up.add_argument("--guarantees", choices=("exactly-once", "off"), default="exactly-once",
@@ -143,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--cluster", type=cluster_name, default="default", help="cluster name, default 'default'")
     up.add_argument("--timeout", type=seconds, default=launcher.DEFAULT_TIMEOUT,
                     help=f"seconds to wait for everything to serve, default {launcher.DEFAULT_TIMEOUT:g}")
+    up.add_argument("--tls", action=argparse.BooleanOptionalAction, default=TLS_BY_DEFAULT,
+                    help="secure the cluster: mTLS between nodes, TLS + role tokens for clients, ZooKeeper ACLs; "
+                         "credentials go to DIR/tls (opt-in for now: without it the cluster is INSECURE)")
+    up.add_argument("--tls-dir", metavar="PATH",
+                    help="with --tls (implied): use and complete this credentials directory instead of DIR/tls, "
+                         "e.g. one holding your own ca.pem + ca.key, or prepared nodes/<name>.pem + .key")
+    up.add_argument("--no-supervise", dest="supervise", action="store_false",
+                    help="do not leave a supervisor running that restarts crashed nodes (it runs by default)")
+    add_allow_module_argument(up)  # passed on to every node
 
     node = sub.add_parser("node", help="run one node process hosting the given roles (what `up` starts)",
                           description="Run one node: a process hosting any combination of roles (workers, fronts, "
@@ -155,6 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"the cluster's data directory "
                                                                    f"(default {DEFAULT_DATA_DIR})")
 
+    status = sub.add_parser("status", help="the processes of the cluster started by `up`, with their restarts")
+    status.set_defaults(handler=cmd_status)
+    status.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"the cluster's data directory "
+                                                                     f"(default {DEFAULT_DATA_DIR})")
+
+    supervise = sub.add_parser("supervise", help="restart the crashed nodes of a cluster (what `up` leaves running)")
+    supervise.set_defaults(handler=cmd_supervise)
+    supervise.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"the cluster's data directory "
+                                                                        f"(default {DEFAULT_DATA_DIR})")
+
     deploy = sub.add_parser("deploy", help="run a graph on the cluster from now on (taking over the running "
                                            "graph's state)")
     deploy.set_defaults(handler=cmd_deploy)
@@ -162,9 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--workers", type=positive, help="run on workers 0..N-1 only (default: every registered one)")
     deploy.add_argument("--drop-state", action="store_true",
                         help="allow dropping the state of groupings the new graph no longer has")
+    deploy.add_argument("--fresh", action="store_true",
+                        help="start with empty state instead of taking it over (when the running tick never ran, "
+                             "e.g. its graph could not be loaded)")
     deploy.add_argument("--rebalance", action="store_true",
                         help="cut the hash ranges so each worker gets an equal share of the load the workers measured "
                              "(scale always does)")
+    add_allow_module_argument(deploy)  # checked here for the message; the nodes check with their own list
     add_cluster_arguments(deploy)
 
     scale = sub.add_parser("scale", help="change the number of workers of a cluster started by `up`, handing the "
@@ -176,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--timeout", type=seconds, default=launcher.DEFAULT_TIMEOUT,
                        help=f"seconds to wait for new nodes and for the hand-over, default "
                             f"{launcher.DEFAULT_TIMEOUT:g}")
+    add_credentials_argument(scale)
 
     push = sub.add_parser("push", help="push events to the cluster's fronts")
     push.set_defaults(handler=cmd_push)
@@ -265,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=positive, default=1, help="interleaved rounds (default 1)")
     bench.add_argument("--seed", type=int, default=1, help="seed of the input and the arrival times (default 1)")
     bench.add_argument("--out", default="bench-results", help="results directory (default bench-results)")
+    bench.add_argument("--tls", action="store_true",
+                       help="also run flamestream exactly-once as `up --tls` (reported as 'flamestream (TLS)')")
     bench.add_argument("--drain-timeout", type=seconds, default=60.0,
                        help="seconds a run may take after pushing to finish its events (default 60)")
     return parser
@@ -317,7 +389,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       snapshot_intervals=args.snapshot_interval,
                       sweep=args.sweep,
                       throughput=args.throughput, rounds=args.rounds, seed=args.seed, out=Path(args.out),
-                      drain_timeout=args.drain_timeout)
+                      drain_timeout=args.drain_timeout, tls=args.tls)
     directory = run_suite(options, say=lambda line: print(line, file=sys.stderr, flush=True))
     summary = json.loads((directory / "result.json").read_text())
     print(json.dumps({"result": str(directory / "result.json"), "plot": str(directory / "latency.png"),
@@ -440,8 +512,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    graph, module = load_graph(args.graph)
-    events = list(read_inputs(module, args.input))
+    graph, module = load_graph(args.graph, Allowed.of(args.allow_module))
+    try:
+        events = list(read_inputs(module, args.input))
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{args.input} is not valid {exc.encoding} ({exc.reason})") from None
     tune_gc()
     out = sys.stdout
     if args.oracle:
@@ -449,18 +524,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         released, rejected = run_oracle(graph, stamp_inputs(events, args.fronts))
         for _gt, payload in released:
-            out.write(to_json(payload) + "\n")
+            out.write(record_text(payload) + "\n")
         stats: dict[str, Any] = {"released": len(released)}
     else:
         runtime = LocalRuntime(graph, workers=args.workers, fronts=args.fronts, seed=args.seed, batch=args.batch,
                                adversarial=args.adversarial)
         result = runtime.run(events)
         for _gt, _trace, payload in result.output:
-            out.write(to_json(payload) + "\n")
+            out.write(record_text(payload) + "\n")
         rejected = result.rejected
         stats = {**result.stats.__dict__, "replay_overhead": result.stats.replay_overhead}
     for payload in rejected:
-        print(f"flamestream: rejected at the front (balancing function failed): {to_json(payload)}", file=sys.stderr)
+        print(f"flamestream: rejected at the front (invalid payload, or the balancing function failed): "
+              f"{record_text(payload)}", file=sys.stderr)
     if args.stats:
         print(json.dumps({**stats, "rejected": len(rejected)}), file=sys.stderr)
     return 0
@@ -483,9 +559,13 @@ def cmd_up(args: argparse.Namespace) -> int:
               "running", file=sys.stderr)
     options = launcher.UpOptions(data_dir=data_dir, nodes=args.nodes, fronts=args.fronts,
                                  placement=args.placement, log_format=args.log_format,
-                                 snapshot_interval_ms=args.snapshot_interval_ms, zookeeper=args.zookeeper,
+                                 snapshot_interval_ms=args.snapshot_interval_ms,
+                                 log_segment_bytes=args.log_segment_bytes, zookeeper=args.zookeeper,
                                  cluster=args.cluster, timeout=args.timeout,
-                                 exactly_once=args.guarantees == "exactly-once")
+                                 exactly_once=args.guarantees == "exactly-once",
+                                 allow_modules=tuple(args.allow_module), supervise=args.supervise,
+                                 tls_dir=(Path(args.tls_dir) if args.tls_dir else data_dir / "tls")
+                                 if args.tls or args.tls_dir else None)
     try:
         launcher.plan_nodes(options.nodes, options.fronts, options.placement)
     except ValueError as exc:
@@ -499,6 +579,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"--- last lines of {log} ---\n{launcher.log_tail(log)}", file=sys.stderr)
         return 1
     print(launcher.format_endpoints(state.endpoints()), flush=True)
+    if state.tls_dir:
+        print(f"flamestream: TLS on; credentials in {state.tls_dir} (clients: --credentials {state.tls_dir} or "
+              f"FLAMESTREAM_CREDENTIALS; tokens in {state.tls_dir}/tokens.json)", file=sys.stderr)
+    else:
+        print("flamestream: warning: this cluster is INSECURE (plaintext gRPC, no authentication, open ZooKeeper "
+              "ACLs); use `flamestream up --tls`", file=sys.stderr)
     print(f"flamestream: cluster {state.cluster!r} is up; logs in {data_dir / launcher.LOG_DIR}; "
           f"stop it with `flamestream down --data-dir {args.data_dir}`", file=sys.stderr)
     return 0
@@ -512,12 +598,17 @@ def cmd_node(args: argparse.Namespace) -> int:
     return roles.main(args)
 
 
-def cmd_down(args: argparse.Namespace) -> int:
+def _recorded(args: argparse.Namespace) -> tuple[Path, launcher.ClusterState | None]:
+    """``--data-dir`` and the cluster recorded there (None: none is); a damaged record is NotRunning."""
     data_dir = Path(args.data_dir).resolve()
     try:
-        state = launcher.load_state(data_dir)
+        return data_dir, launcher.load_state(data_dir)
     except ValueError as exc:
         raise NotRunning(str(exc)) from None
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    data_dir, state = _recorded(args)
     if state is None:
         print(f"flamestream: no cluster is recorded in {data_dir}; nothing to stop", file=sys.stderr)
         return 0
@@ -530,6 +621,26 @@ def cmd_down(args: argparse.Namespace) -> int:
     if busy:
         print(f"flamestream: warning: now used by other processes: {', '.join(busy)}", file=sys.stderr)
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    data_dir, state = _recorded(args)
+    if state is None:
+        raise NotRunning(f"no cluster is recorded in {data_dir}")
+    rows = [(p.name, p.role, str(p.pid), "running" if launcher.is_alive(p.pid, p.started) else "gone",
+             f"restarts {p.restarts}", p.address or "-") for p in state.processes]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print(f"cluster {state.cluster!r} (ZooKeeper {state.zookeeper})")
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_supervise(args: argparse.Namespace) -> int:
+    from flamestream.runtime import restarts
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return restarts.supervise(Path(args.data_dir).resolve())
 
 
 def cluster_address(args: argparse.Namespace) -> tuple[str, str]:
@@ -566,7 +677,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         launcher.add_nodes(data_dir, state, started, args.timeout)
     except launcher.StartError as exc:
         raise NotRunning(f"{exc.component} failed to start: {exc.reason}") from None
-    with Client(zookeeper, cluster) as client:
+    with Client(zookeeper, cluster, credentials=credentials_of(args)) as client:
         tick = client.rescale(args.workers)
         waited = client.wait_handover(tick, args.timeout)
     leaving = [record for k, record in workers.items() if k >= args.workers
@@ -579,10 +690,11 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    graph, _module = load_graph(args.graph)
+    graph, _module = load_graph(args.graph, Allowed.of(args.allow_module))
     zookeeper, cluster = cluster_address(args)
-    with Client(zookeeper, cluster) as client:
-        number = client.deploy(graph, workers=args.workers, drop_state=args.drop_state, rebalance=args.rebalance)
+    with Client(zookeeper, cluster, credentials=credentials_of(args)) as client:
+        number = client.deploy(graph, workers=args.workers, drop_state=args.drop_state, rebalance=args.rebalance,
+                               allow_modules=args.allow_module, fresh=args.fresh)
         client.wait_handover(number)
     print(number)
     return 0
@@ -625,14 +737,34 @@ def read_events(path: str, as_json: bool) -> Iterator[tuple[int, list[Any]]]:
     """(number of its last line, events) of each batch of ``read_lines``, checked whole before it is yielded.
 
     So a bad line stops the push with nothing of its batch pushed, only the
-    batches before it (none, when the input was written at once).
+    batches before it (none, when the input was written at once).  Checked as
+    the front checks (``check_payload``), so a line the cluster would refuse is
+    named by its number here, in one line, before anything of its batch is sent;
+    undecodable input is named the same way instead of a traceback.
     """
     where = "stdin" if path == "-" else path
     number = 0
-    for lines in read_lines(path):
-        events = json_events(lines, number + 1, where) if as_json else lines
-        number += len(lines)
-        yield number, events
+    try:
+        for lines in read_lines(path):
+            events = json_events(lines, number + 1, where) if as_json else plain_events(lines, number + 1, where)
+            number += len(lines)
+            yield number, events
+    except UnicodeDecodeError as exc:
+        # The batch that failed to decode starts after line ``number``; its newlines before the bad byte
+        # say which line holds it.
+        line = number + 1 + bytes(exc.object[:exc.start]).count(b"\n")
+        raise UsageError(f"{where} line {line} is not valid {exc.encoding} ({exc.reason}: "
+                         f"byte {bytes(exc.object[exc.start:exc.start + 1]).hex()})") from None
+
+
+def plain_events(lines: list[str], first: int, where: str) -> list[str]:
+    """The lines themselves, each an event; a line the front would refuse (a lone surrogate: undecodable bytes
+    read with ``surrogateescape``) is a usage error naming it."""
+    for number, line in enumerate(lines, first):
+        fault = check_payload(line)
+        if fault is not None:
+            raise UsageError(f"{where} line {number}: {fault} (undecodable bytes in the input?)")
+    return lines
 
 
 def json_events(lines: list[str], first: int, where: str) -> list[Any]:
@@ -642,9 +774,15 @@ def json_events(lines: list[str], first: int, where: str) -> list[Any]:
         if not line.strip():
             continue
         try:
-            events.append(json.loads(line))
+            event = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{where} line {number} is not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except (ValueError, RecursionError) as exc:  # an integer too long; nesting too deep for the parser
+            raise UsageError(f"{where} line {number} is not valid JSON ({type(exc).__name__}: {exc})") from None
+        fault = check_payload(event)
+        if fault is not None:
+            raise UsageError(f"{where} line {number}: {fault}")
+        events.append(event)
     return events
 
 
@@ -675,7 +813,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         # The first batch is read before the cluster is looked up: bad input is reported as such, cluster or not.
         first = next(batches, None)
         zookeeper, cluster = cluster_address(args)
-        with Client(zookeeper, cluster) as client:
+        with Client(zookeeper, cluster, credentials=credentials_of(args)) as client:
             for lines, events in batches if first is None else itertools.chain([first], batches):
                 if pacer is None:
                     pushed.add(client.push(events, producer=args.producer))
@@ -727,7 +865,7 @@ def record_view(record: Record, meta: bool) -> Any:
 def cmd_consume(args: argparse.Namespace) -> int:
     zookeeper, cluster = cluster_address(args)
     count = 0
-    with (Client(zookeeper, cluster) as client,
+    with (Client(zookeeper, cluster, credentials=credentials_of(args)) as client,
           closing(client.consume_batches(args.group, timeout=args.timeout)) as batches):
         for batch in batches:
             if args.limit is not None:

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import os
 import threading
 import time
 import uuid
@@ -36,13 +37,16 @@ import grpc
 from kazoo.exceptions import KazooException  # type: ignore[import-untyped]
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, WORKER, ClusterStore, LeaseMoved
+from flamestream.core.functions import Allowed
 from flamestream.core.graph import Graph, grouping_names
 from flamestream.core.hashing import stable_hash
+from flamestream.core.limits import MAX_NAME_BYTES, RETRY_HINT, group_fault
 from flamestream.core.meta import GlobalTime
-from flamestream.core.payload import PayloadError, decode_payload, encode_payload
+from flamestream.core.payload import PayloadError, decode_payload, encode_event
 from flamestream.core.tick import Layout, Tick
 from flamestream.storage.snapshots import boundary_name
 from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire.security import Credentials, find_credentials
 from flamestream.wire.transport import channel as open_channel
 
 T = TypeVar("T")
@@ -51,6 +55,9 @@ ANONYMOUS = "~anon-"
 """Prefix of the internal producer ids of anonymous pushes (user producer ids may not use it)."""
 PUSH_BATCH = 500
 """Events per Push request: big enough to amortise the front's fsync, small enough to retry cheaply."""
+PUSH_BYTES = 4 * 1024 * 1024
+"""Payload bytes per Push request at most (fewer events when they are large): half the fronts' default
+``--max-push-bytes``, so a batch of large events is split rather than refused."""
 _QUEUED_MESSAGES = 4
 """Barrier messages (up to 1000 records each) a consumer buffers before the subscriptions wait for it."""
 _MAX_DELAY = 2.0
@@ -59,6 +66,27 @@ _MAX_DELAY = 2.0
 # FAILED_PRECONDITION is what a front answers until it has seen the first tick
 # (right after a deploy); UNAVAILABLE is a member that is restarting or gone.
 _RETRYABLE = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE})
+
+
+def _chunks(encoded: list[bytes]) -> Iterable[tuple[int, list[bytes]]]:
+    """(index of the first event, events) of each Push request: ``PUSH_BATCH`` events or ``PUSH_BYTES`` at most
+    (a single larger event goes alone; the front judges it by ``--max-event-bytes``)."""
+    start = 0
+    while start < len(encoded):
+        end, size = start, 0
+        while end < len(encoded) and end - start < PUSH_BATCH and \
+                (end == start or size + len(encoded[end]) <= PUSH_BYTES):
+            size += len(encoded[end])
+            end += 1
+        yield start, encoded[start:end]
+        start = end
+
+
+def _check_group(group: str) -> None:
+    """Refuse a consumer-group name the barriers refuse (``limits.group_fault``) before any request."""
+    fault = group_fault(group)
+    if fault is not None:
+        raise ValueError(fault)
 
 
 def _method(service: str, method: str) -> str:
@@ -192,10 +220,19 @@ class AsyncClient:
     ``retries``/``backoff``: how often and how patiently retryable failures
     (FAILED_PRECONDITION, UNAVAILABLE) are retried, the delay doubling from
     ``backoff`` up to 2 s; the defaults ride out roughly 5 s.
+
+    ``credentials``: the directory ``flamestream up --tls`` made (``DIR/tls``, or a copy with only the tokens
+    this user may have); default ``$FLAMESTREAM_CREDENTIALS``; neither means plaintext (an insecure cluster).
+    Each call carries the token of the role it needs, and ZooKeeper writes (deploy, scale) use its admin digest.
     """
 
     def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = 6, backoff: float = 0.1,
-                 rpc_timeout: float = 30.0, connect_timeout: float = 10.0) -> None:
+                 rpc_timeout: float = 30.0, connect_timeout: float = 10.0,
+                 credentials: str | os.PathLike[str] | None = None) -> None:
+        path = find_credentials(credentials)
+        self.credentials = Credentials.load(path) if path is not None else None
+        self._channel_credentials = self.credentials.channel_credentials(with_tokens=True) if self.credentials \
+            else None
         self.zookeeper = zookeeper
         self.cluster = cluster
         self.retries = retries
@@ -237,7 +274,10 @@ class AsyncClient:
 
     async def _cluster_store(self) -> ClusterStore:
         if self._store is None:
-            store = ClusterStore(self.zookeeper, cluster=self.cluster, timeout=self.connect_timeout)
+            auth = self.credentials.zookeeper_auth("admin") if self.credentials else None
+            store = ClusterStore(self.zookeeper, cluster=self.cluster, timeout=self.connect_timeout, auth=auth,
+                                 writers=list(self.credentials.zookeeper.values()) if self.credentials and auth
+                                 else ())
             try:
                 await asyncio.to_thread(store.start)
             except (TimeoutError, ValueError) as exc:
@@ -311,7 +351,7 @@ class AsyncClient:
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = open_channel(address)
+            self._channels[address] = open_channel(address, self._channel_credentials)
         return self._channels[address]
 
     async def _retry(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
@@ -322,7 +362,9 @@ class AsyncClient:
                 return await attempt()
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or ""
-                if code not in _RETRYABLE or backoff.exhausted:
+                # A front out of credit or of disk says so (RETRY_HINT); other RESOURCE_EXHAUSTED are permanent.
+                transient = code is grpc.StatusCode.RESOURCE_EXHAUSTED and RETRY_HINT in details
+                if (code not in _RETRYABLE and not transient) or backoff.exhausted:
                     raise ClientError(f"{what} failed: {code.name}: {details}", code, details) from None
                 if code is grpc.StatusCode.UNAVAILABLE:
                     self._forget_members()
@@ -355,22 +397,25 @@ class AsyncClient:
         boundary = boundary_name(handover.start)
         started = time.monotonic()
         while True:
-            snapshots = await self._in_zookeeper("reading snapshots",
-                                                 lambda store: store.snapshots(handover.previous or 0))
-            if len(snapshots.get(boundary, {})) >= workers:
+            complete = await self._in_zookeeper(
+                "reading snapshots", lambda store: store.complete_snapshots(handover.previous or 0, workers))
+            if boundary in complete:
                 return time.monotonic() - started
             # Retention drops the hand-over snapshot once the tick has complete snapshots of its own (which it
             # only takes once it has its state): those say the hand-over is done just as well.
-            own = await self._in_zookeeper("reading snapshots", lambda store: store.snapshots(tick))
-            if any(len(workers_of) >= len(handover.workers) for workers_of in own.values()):
+            own = await self._in_zookeeper("reading snapshots",
+                                           lambda store: store.complete_snapshots(tick, len(handover.workers)))
+            if own:
                 return time.monotonic() - started
             if time.monotonic() - started > timeout:
+                snapshots = await self._in_zookeeper("reading snapshots",
+                                                     lambda store: store.snapshots(handover.previous or 0))
                 raise ClientError(f"tick {tick} did not get the state of tick {handover.previous} within "
                                   f"{timeout:g}s: {len(snapshots.get(boundary, {}))} of {workers} snapshots")
             await asyncio.sleep(0.05)
 
     async def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False,
-                     rebalance: bool = False) -> int:
+                     rebalance: bool = False, allow_modules: Iterable[str] = (), *, fresh: bool = False) -> int:
         """Publish a tick running ``graph`` on the registered members; returns its number.
 
         The tick lists the workers in index order (worker ``i`` owns hash range
@@ -384,10 +429,20 @@ class AsyncClient:
         would lose its state: refused unless ``drop_state``.  With
         ``rebalance``, the hash ranges give each worker an equal share of the
         load the workers measured (``Layout.balanced``), not of the hash space.
-        """
-        return await self._deploy(graph.to_dict(), workers, drop_state, rebalance)
+        ``fresh`` starts the tick now with empty state instead (no hand-over):
+        the way out when the current tick never ran, e.g. its graph could not
+        be loaded, so it has no state to hand over.
 
-    async def _deploy(self, graph: dict[str, Any], workers: int | None, drop_state: bool, rebalance: bool) -> int:
+        The graph's functions must come from its own package, flamestream's
+        helpers or ``allow_modules`` (``Allowed``): else ``FunctionNotAllowed``
+        and nothing is published.  Checked here so the author gets the message;
+        the nodes check again with their own ``--allow-module`` list.
+        """
+        graph.check_functions(Allowed.of(allow_modules))
+        return await self._deploy(graph.to_dict(), workers, drop_state, rebalance, fresh)
+
+    async def _deploy(self, graph: dict[str, Any], workers: int | None, drop_state: bool, rebalance: bool,
+                      fresh: bool = False) -> int:
         self._forget_members()
         ackers = await self.members(ACKER)
         registered = _numbered(WORKER, await self.members(WORKER), "index")
@@ -410,7 +465,7 @@ class AsyncClient:
                     acker=str(_field(ACKER, acker_name, acker_info, "address")),
                     barriers=tuple(sorted(barriers.items())))
         latest = await self._in_zookeeper("reading the deployed tick", lambda store: store.latest_tick())
-        if latest is None:
+        if latest is None or fresh:
             return await self._in_zookeeper("publishing the tick", lambda store: store.publish_tick(tick.to_dict()))
         current = Tick.from_dict({**latest[1], "number": latest[0]})
         dropped = grouping_names(current.graph) - grouping_names(graph)
@@ -430,13 +485,25 @@ class AsyncClient:
     # -- push ----------------------------------------------------------------------------------------------
 
     async def push(self, payloads: Iterable[Any], producer: str | None = None) -> PushResult:
-        """Push JSON-encodable payloads in batches of up to ``PUSH_BATCH`` events, in order."""
-        encoded = [encode_payload(p) for p in payloads]
+        """Push JSON-encodable payloads in batches of up to ``PUSH_BATCH`` events, in order.
+
+        Every payload is checked before anything is sent, as the front checks it
+        (``check_payload``: no lone surrogates, no NaN/Infinity, nesting at most
+        ``MAX_DEPTH`` deep): the first faulty one raises ``PayloadError`` (a
+        ``ValueError``) naming its index, and nothing is pushed — rather than a
+        NaN quietly becoming null, or a batch refused halfway through the push.
+        """
+        encoded = []
+        for i, payload in enumerate(payloads):
+            try:
+                encoded.append(encode_event(payload))
+            except PayloadError as exc:
+                raise PayloadError(f"event {i}: {exc}") from None
         if producer is None:
             return await self._push_batches(encoded, None)
-        if not producer or producer.startswith(ANONYMOUS):
-            raise ValueError(f"producer id must be a non-empty string not starting with {ANONYMOUS!r} "
-                             "(or None for anonymous pushes)")
+        if not producer or producer.startswith("~") or len(producer.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise ValueError(f"producer id must be a non-empty string of at most {MAX_NAME_BYTES} bytes not starting "
+                             "with '~' (reserved for anonymous pushes; or None for anonymous pushes)")
         # One push at a time per producer keeps its sequence numbers contiguous
         # and in order on the front.
         lock = self._producer_locks.setdefault(producer, asyncio.Lock())
@@ -446,8 +513,7 @@ class AsyncClient:
     async def _push_batches(self, encoded: list[bytes], producer: str | None) -> PushResult:
         duplicates = 0
         times: list[GlobalTime] = []
-        for start in range(0, len(encoded), PUSH_BATCH):
-            chunk = encoded[start:start + PUSH_BATCH]
+        for start, chunk in _chunks(encoded):
             fronts = await self._retry("finding the fronts", self._tick_front_ids)
             if producer:
                 front, sender = fronts[stable_hash(producer) % len(fronts)], producer
@@ -497,6 +563,7 @@ class AsyncClient:
 
     async def committed(self, group: str, partition: int) -> int:
         """The offset ``group`` resumes ``partition`` from (0 if it never committed)."""
+        _check_group(group)
 
         async def attempt() -> pb.Offset:
             call = self._channel(await self._barrier_of(partition)).unary_unary(
@@ -516,6 +583,7 @@ class AsyncClient:
         group = group if group is not None else self._group
         if group is None:
             raise ValueError("commit() needs a group: pass one or call consume() first")
+        _check_group(group)
 
         async def attempt() -> pb.Empty:
             call = self._channel(await self._barrier_of(record.partition)).unary_unary(
@@ -548,6 +616,7 @@ class AsyncClient:
         (one await per batch, not per record), which is what lets ``Client``
         cross its thread boundary once per batch.
         """
+        _check_group(group)
         self._group = group
         partitions = sorted(await self._barriers())
         starts = {p: await self.committed(group, p) if from_committed else 0 for p in partitions}
@@ -633,12 +702,13 @@ class Client:
     """
 
     def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = 6, backoff: float = 0.1,
-                 rpc_timeout: float = 30.0, connect_timeout: float = 10.0) -> None:
+                 rpc_timeout: float = 30.0, connect_timeout: float = 10.0,
+                 credentials: str | os.PathLike[str] | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="flamestream-client", daemon=True)
         self._thread.start()
         self._client = AsyncClient(zookeeper, cluster, retries=retries, backoff=backoff, rpc_timeout=rpc_timeout,
-                                   connect_timeout=connect_timeout)
+                                   connect_timeout=connect_timeout, credentials=credentials)
         self._consumers: weakref.WeakSet[Generator[list[Record], None, None]] = weakref.WeakSet()
 
     def __enter__(self) -> Client:
@@ -684,8 +754,8 @@ class Client:
         self._loop.close()
 
     def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False,
-               rebalance: bool = False) -> int:
-        return self._run(self._client.deploy(graph, workers, drop_state, rebalance))
+               rebalance: bool = False, allow_modules: Iterable[str] = (), *, fresh: bool = False) -> int:
+        return self._run(self._client.deploy(graph, workers, drop_state, rebalance, allow_modules, fresh=fresh))
 
     def rescale(self, workers: int) -> int:
         return self._run(self._client.rescale(workers))

@@ -27,11 +27,17 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from kazoo.client import KazooClient  # type: ignore[import-untyped]
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError  # type: ignore[import-untyped]
+from kazoo.client import KazooClient, KazooState  # type: ignore[import-untyped]
+from kazoo.exceptions import (  # type: ignore[import-untyped]
+    BadVersionError,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+)
+from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl  # type: ignore[import-untyped]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +86,12 @@ def _decode(path: str, data: bytes) -> dict[str, Any]:
     return value
 
 
+def _boundary_key(name: str) -> tuple[int, int]:
+    """A ``<ts>-<front>`` snapshot boundary name as a sortable (ts, front): names do not sort as strings."""
+    ts, _, front = name.partition("-")
+    return int(ts), int(front)
+
+
 _PUBLISH_ATTEMPTS = 100
 
 
@@ -96,7 +108,17 @@ class ClusterStore:
     idempotent, so a blind retry could publish it twice.
     """
 
-    def __init__(self, hosts: str, cluster: str = "default", root: str = "/flamestream", timeout: float = 10.0) -> None:
+    def __init__(self, hosts: str, cluster: str = "default", root: str = "/flamestream", timeout: float = 10.0,
+                 *, auth: str | None = None, writers: Sequence[str] = ()) -> None:
+        """``auth``: this session's digest credential ``user:password`` (a ``--tls`` cluster's nodes and admins).
+        ``writers``: digest credentials that get all rights on every node this session creates; with them,
+        the world may only read (nothing in the subtree is secret, and the SDK reads membership without
+        credentials).  Without ``writers`` but with ``auth``, ``auth`` alone writes.  Neither: open ACLs (today's
+        default, an insecure cluster)."""
+        writers = list(writers) or ([auth] if auth else [])
+        self._auth = auth
+        self._acl: list[Any] | None = ([make_digest_acl(*w.split(":", 1), all=True) for w in writers]
+                                       + [make_acl("world", "anyone", read=True)]) if writers else None
         if not root.startswith("/"):
             raise ValueError(f"root must be an absolute ZooKeeper path such as '/flamestream', got {root!r}")
         for part in root[1:].split("/"):
@@ -107,6 +129,10 @@ class ClusterStore:
         self.timeout = timeout
         self.base = f"{root}/{cluster}"
         self._client: Any = None
+        self._registered: dict[str, bytes] = {}
+        """Member path -> info of every member this session registered (registered again after expiry)."""
+        self._expired = False
+        self._incarnations: dict[str, int] = {}
 
     # -- session -------------------------------------------------------------
 
@@ -118,18 +144,28 @@ class ClusterStore:
         """
         if self._client is not None:
             raise RuntimeError(f"ClusterStore for {self.base} is already started")
-        client = KazooClient(hosts=self.hosts, timeout=self.timeout)
+        client = KazooClient(hosts=self.hosts, timeout=self.timeout, default_acl=self._acl,
+                             auth_data=[("digest", self._auth)] if self._auth else None)
         try:
             client.start(timeout=self.timeout)
         except client.handler.timeout_exception:
             raise TimeoutError(f"could not connect to ZooKeeper at {self.hosts} within {self.timeout:g}s") from None
         try:
+            if self._acl is not None:
+                # The shared root stays open (other clusters live there too); only our subtree is guarded.
+                client.ensure_path(self.root, acl=OPEN_ACL_UNSAFE)
             for child in ("members", "ticks", "offsets"):
                 client.ensure_path(f"{self.base}/{child}")
+            if self._acl is not None:
+                # A subtree an insecure run created earlier is still open: guard its top nodes now.
+                for path in (self.base, *(f"{self.base}/{child}" for child in ("members", "ticks", "offsets"))):
+                    with contextlib.suppress(NoAuthError):
+                        client.set_acls(path, self._acl)
         except BaseException:
             client.stop()
             client.close()
             raise
+        client.add_listener(self._on_state)
         self._client = client
 
     def stop(self) -> None:
@@ -154,17 +190,58 @@ class ClusterStore:
 
     # -- membership ----------------------------------------------------------
 
-    def register(self, role: str, name: str, info: dict[str, Any]) -> None:
-        """Announce this process as ``role``/``name`` for as long as the session lives.
+    def register(self, role: str, name: str, info: dict[str, Any], *, stale: Callable[[dict[str, Any]], bool]
+                 | None = None) -> None:
+        """Announce this process as ``role``/``name`` for as long as the session lives, and again after the
+        session expired (ZooKeeper away longer than the session timeout drops ephemeral nodes; the process
+        itself lived on, so it must not drop out of the cluster for good).
 
-        A name already held by a live session is refused rather than overwritten,
-        since two processes claiming one identity would split its traffic.
+        A name already held by another session is refused rather than overwritten,
+        since two processes claiming one identity would split its traffic — unless
+        ``stale(info)`` says the holder is a dead incarnation of this very process
+        (the caller knows: a node holds a lock on its data dir while it lives), whose
+        session merely has not expired yet.  Then the node is replaced at once
+        instead of after a session timeout of refusals.
         """
         path = f"{self._role_path(role)}/{_check_name('member name', name)}"
-        try:
-            self._zk.create(path, _encode(info), ephemeral=True, makepath=True)
-        except NodeExistsError:
-            raise ValueError(f"member {role}/{name} is already registered in cluster {self.cluster!r}") from None
+        data = _encode(info)
+        while True:
+            try:
+                self._zk.create(path, data, ephemeral=True, makepath=True)
+                break
+            except NodeExistsError:
+                try:
+                    held, stat = self._zk.get(path)
+                except NoNodeError:
+                    continue  # the holder's session just ended: take the name
+                if stale is None or not stale(_decode(path, held)):
+                    raise ValueError(f"member {role}/{name} is already registered in cluster {self.cluster!r} "
+                                     f"by {_decode(path, held).get('node', 'another process')}") from None
+                log.warning("replacing member %s/%s left by a dead incarnation of this node", role, name)
+                with contextlib.suppress(NoNodeError, BadVersionError):
+                    self._zk.delete(path, version=stat.version)
+        self._registered[path] = data
+        stat = self._zk.exists(path)
+        if stat is not None:
+            self._incarnations[path] = stat.czxid
+
+    def _on_state(self, state: str) -> None:
+        """kazoo's connection listener (its own thread): after an expired session, re-register the members."""
+        if state == KazooState.LOST:
+            self._expired = True
+        elif state == KazooState.CONNECTED and self._expired:
+            self._expired = False
+            self._zk.handler.spawn(self._reregister)
+
+    def _reregister(self) -> None:
+        for path, data in list(self._registered.items()):
+            try:
+                self._zk.create(path, data, ephemeral=True, makepath=True)
+                log.warning("ZooKeeper session expired; registered %s again", path)
+            except NodeExistsError:
+                log.error("ZooKeeper session expired and %s is now held by another process", path)
+            except Exception:
+                log.exception("ZooKeeper session expired; registering %s again failed", path)
 
     def members(self, role: str) -> dict[str, dict[str, Any]]:
         """Current members of ``role`` by name, with the info they registered."""
@@ -357,6 +434,44 @@ class ClusterStore:
         return {boundary: {name: info for name, (info, _version) in self._read_children(f"{root}/{boundary}").items()}
                 for boundary in boundaries}
 
+    def complete_snapshots(self, tick: int, workers: int) -> list[str]:
+        """The boundaries (``<ts>-<front>`` names) of ``tick``'s complete snapshots, oldest first.
+
+        Complete: every one of the tick's ``workers`` workers (``worker0`` ..)
+        registered its file, so the snapshot holds the state of the whole hash
+        space; only such a snapshot may be started from, and retention counts
+        only these.  The one definition every reader uses (hand-over, retention,
+        the client waiting for a hand-over, the fronts' input-log retention).
+        """
+        _check_count("workers", workers)
+        needed = {f"worker{i}" for i in range(workers)}
+        done = [boundary for boundary, registered in self.snapshots(tick).items() if needed <= registered.keys()]
+        return sorted(done, key=_boundary_key)
+
+    def oldest_complete_snapshot(self) -> str | None:
+        """The oldest boundary of any tick's complete snapshot still registered, or None if there is none.
+
+        What the fronts' input-log retention keeps the log from: a hand-over
+        falling back to an older snapshot, or a replay from any retained one,
+        needs every event from there on.  Every tick counts (retention forgets
+        an older tick's snapshots once a later one has enough of its own), so
+        this errs on keeping more.
+        """
+        oldest: str | None = None
+        for n in self._tick_numbers():
+            try:
+                if not self._zk.get_children(self._snapshots_path(n)):
+                    continue
+            except NoNodeError:
+                continue
+            tick = self._read_tick(n)
+            if tick is None:
+                continue
+            complete = self.complete_snapshots(n, len(tick.get("workers", [])))
+            if complete and (oldest is None or _boundary_key(complete[0]) < _boundary_key(oldest)):
+                oldest = complete[0]
+        return oldest
+
     def forget_snapshot(self, tick: int, boundary: str) -> None:
         """Remove a snapshot's registrations (its files are gone or going): retention."""
         with contextlib.suppress(NoNodeError):  # another worker of the tick was first
@@ -416,6 +531,33 @@ class ClusterStore:
 
     def _tick_numbers(self) -> list[int]:
         return sorted(int(name) for name in self._zk.get_children(f"{self.base}/ticks"))
+
+    # -- incarnations (crash recovery) ---------------------------------------
+
+    @property
+    def incarnation(self) -> int | None:
+        """The ZooKeeper transaction id that created this session's first member node: later than every tick
+        published before this process registered, earlier than every tick published after."""
+        return min(self._incarnations.values(), default=None)
+
+    def member_zxids(self, role: str) -> dict[str, int]:
+        """Member name -> the transaction id that created its node: a restarted process shows as a newer one."""
+        path = self._role_path(role)
+        out = {}
+        for name in self._zk.get_children(path):
+            stat = self._zk.exists(f"{path}/{name}")
+            if stat is not None:
+                out[name] = stat.czxid
+        return out
+
+    def tick_zxid(self, n: int) -> int | None:
+        """The transaction id that published tick ``n``."""
+        stat = self._zk.exists(f"{self.base}/ticks/{_check_count('tick', n):010d}")
+        return None if stat is None else int(stat.czxid)
+
+    def recovery_lock(self) -> Any:
+        """The lock a recovery is published under, so two nodes that see the same crash publish one tick."""
+        return self._zk.Lock(f"{self.base}/locks/recovery")
 
     def _read_tick(self, n: int) -> dict[str, Any] | None:
         """Tick ``n``, or None if it was removed behind this module's back (ticks are never deleted here)."""

@@ -3,7 +3,10 @@
 The file is imported under a real module name so its functions get import
 paths another process can resolve: if it sits in a package (``examples/`` has
 an ``__init__.py``) the name is dotted from the first directory that is not a
-package, and that directory is recorded in the graph's ``sys_path``.
+package, and that directory is recorded in the graph's ``sys_path``.  The
+module's name is recorded as the graph's ``module``: its package is where the
+graph's business logic may come from (``flamestream.core.functions.Allowed``),
+checked here before the graph runs or is deployed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from flamestream.core.functions import Allowed
 from flamestream.core.graph import Graph, GraphError
 
 
@@ -36,8 +40,13 @@ def import_graph_module(path: str) -> tuple[ModuleType, str]:
     return module, str(root)
 
 
-def load_graph(path: str) -> tuple[Graph, ModuleType]:
-    """The module's ``graph()`` result, validated, with the module for its optional ``read_input``."""
+def load_graph(path: str, allowed: Allowed | None = None) -> tuple[Graph, ModuleType]:
+    """The module's ``graph()`` result, validated, with the module for its optional ``read_input``.
+
+    Its functions must come from the graph file's package or ``allowed``
+    (default: none besides flamestream's helpers), else ``FunctionNotAllowed``:
+    the same check the nodes make, so the author hears of it first.
+    """
     module, root = import_graph_module(path)
     build = getattr(module, "graph", None)
     if not callable(build):
@@ -46,7 +55,8 @@ def load_graph(path: str) -> tuple[Graph, ModuleType]:
     if not isinstance(graph, Graph):
         raise GraphError(f"graph() in {path!r} returned {type(graph).__name__}, not a flamestream.Graph")
     graph.sys_path = [root]
-    return graph.validate(), module
+    graph.module = module.__name__  # the graph file, even when graph() had a helper elsewhere build the Graph
+    return graph.validate().check_functions(allowed or Allowed()), module
 
 
 def read_inputs(module: ModuleType, path: str) -> Iterator[Any]:

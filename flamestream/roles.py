@@ -18,11 +18,13 @@ from collections.abc import Callable
 from flamestream.acker.service import AckerRole
 from flamestream.barrier.service import BarrierRole
 from flamestream.cluster import ClusterStore
+from flamestream.core.functions import Allowed, set_process_policy
 from flamestream.core.hashing import INT32_MAX
-from flamestream.fronts.service import FrontRole
-from flamestream.runtime import hosting, logs
+from flamestream.fronts.service import MAX_IN_FLIGHT_EVENTS, MAX_PUSH_BYTES, SEGMENT_BYTES, FrontRole
+from flamestream.runtime import hosting, logs, tls
 from flamestream.runtime.channels import LocalEndpoints
 from flamestream.runtime.node import Node, Role, add_arguments
+from flamestream.wire.security import Credentials
 from flamestream.workers.service import WorkerRole
 
 
@@ -78,6 +80,15 @@ def add_role_arguments(parser: argparse.ArgumentParser) -> None:
                        help="how often to report the front's time to the acker, default 5")
     front.add_argument("--max-event-bytes", type=_count(1, "--max-event-bytes"), default=1 << 20,
                        help="largest event accepted, default 1048576")
+    front.add_argument("--log-segment-bytes", type=_count(1, "--log-segment-bytes"), default=SEGMENT_BYTES,
+                       help="input-log segment size; retention deletes whole segments below the oldest retained "
+                            f"complete snapshot (default {SEGMENT_BYTES})")
+    front.add_argument("--max-push-bytes", type=_count(1, "--max-push-bytes"), default=MAX_PUSH_BYTES,
+                       help=f"largest Push request accepted (RESOURCE_EXHAUSTED above it), default {MAX_PUSH_BYTES}")
+    front.add_argument("--max-in-flight-events", type=_count(1, "--max-in-flight-events"),
+                       default=MAX_IN_FLIGHT_EVENTS,
+                       help="admitted events not yet complete before pushes wait, then get RESOURCE_EXHAUSTED "
+                            f"(backpressure), default {MAX_IN_FLIGHT_EVENTS}")
     barrier = parser.add_argument_group("barrier options")
     barrier.add_argument("--release", choices=("after-min-time", "on-arrival"), default="after-min-time",
                          help="after-min-time (exactly-once, default) or on-arrival: guarantees off, for benchmarks "
@@ -107,7 +118,14 @@ def check(args: argparse.Namespace) -> None:
 async def serve(args: argparse.Namespace) -> int:
     """Open every role's durable state, then run the node until it stops; returns the exit code."""
     local = LocalEndpoints()
-    store = ClusterStore(args.zookeeper, cluster=args.cluster)
+    credentials = None
+    if args.tls_dir is not None:
+        tls.ensure_node_cert(args.tls_dir, node_name(args), args.host)
+        credentials = Credentials.load(args.tls_dir, node=node_name(args))
+    # With --tls the node writes as the ``service`` digest identity and lets admins (deploy, scale) write too.
+    store = ClusterStore(args.zookeeper, cluster=args.cluster,
+                         auth=credentials.zookeeper_auth("service") if credentials else None,
+                         writers=list(credentials.zookeeper.values()) if credentials else ())
     roles: list[Role] = []
     if args.acker:
         roles.append(AckerRole())
@@ -118,15 +136,22 @@ async def serve(args: argparse.Namespace) -> int:
     if args.front is not None:
         roles.append(await FrontRole.open(args.front, args.data_dir, local, store,
                                           report_interval_ms=args.report_interval_ms,
-                                          max_event_bytes=args.max_event_bytes))
+                                          max_event_bytes=args.max_event_bytes,
+                                          segment_bytes=args.log_segment_bytes,
+                                          max_push_bytes=args.max_push_bytes,
+                                          max_in_flight=args.max_in_flight_events))
     if args.barrier:
         roles.append(BarrierRole(store, args.data_dir, args.barrier, args.release == "on-arrival"))
-    node = Node(node_name(args), roles, store, local, host=args.host, port=args.port)
+    node = Node(node_name(args), roles, store, local, host=args.host, port=args.port,
+                data_dir=args.data_dir, credentials=credentials)
     return await node.run()
 
 
 def main(args: argparse.Namespace) -> int:
     logs.configure(node_name(args), args.log_file, args.log_format, args.log_level)
+    # Before any tick: workers and fronts rebuild graphs under this process's policy (the graph's own package,
+    # flamestream's helpers and this node's --allow-module, never the deployer's).
+    set_process_policy(Allowed.of(args.allow_module))
     code = 0
 
     async def run() -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -13,9 +16,11 @@ import grpc
 
 from flamestream.cluster import ClusterStore
 from flamestream.core import payload as payloads
+from flamestream.core.dead_letter import writable
 from flamestream.core.front import FrontClock
 from flamestream.core.graph import Graph
-from flamestream.core.hashing import INT32_MAX, INT32_MIN
+from flamestream.core.hashing import BalanceError, as_hash
+from flamestream.core.limits import RETRY_HINT, producer_fault, sequence_fault
 from flamestream.core.meta import GlobalTime, Trace
 from flamestream.core.plan import Plan, compile_graph
 from flamestream.core.tick import Tick
@@ -26,14 +31,24 @@ from flamestream.runtime import hosting
 from flamestream.runtime.channels import Channels, LocalEndpoints, Stream
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
-from flamestream.storage.input_log import decode_record, encode_record, front_log_dir
+from flamestream.storage.input_log import Truncation, decode_record, encode_record, front_log_dir, plan_truncation
 from flamestream.storage.log import LogError, SegmentedLog
+from flamestream.storage.snapshots import boundary_of
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 
 ROLE = "front"
+SEGMENT_BYTES = 64 * 1024 * 1024
+"""Input-log segment size (``--log-segment-bytes``): retention deletes whole segments, so smaller ones follow
+the oldest retained snapshot more closely (and cost a file pair each)."""
 NO_GRAPH = "no graph deployed; run `flamestream deploy`"
+MAX_PUSH_BYTES = 8 * 1024 * 1024
+"""Largest Push request (``--max-push-bytes``): one request is decoded, validated and logged as a whole."""
+MAX_IN_FLIGHT_EVENTS = 100_000
+"""Admitted events whose global time is not complete yet (``--max-in-flight-events``): the front's credit."""
+CREDIT_WAIT = 2.0
+"""Seconds a push over the credit waits for the minimal time to move before RESOURCE_EXHAUSTED."""
 
 
 def _now_ms() -> int:
@@ -54,8 +69,17 @@ class _Route:
             self._channels.stream(address, transport.EXCHANGE, f"worker {i} at {address}")
             for i, address in enumerate(tick.workers)]
         self.acker: Stream[pb.AckBatch] = self._channels.stream(tick.acker, transport.ACK, f"acker at {tick.acker}")
+        self.watch: asyncio.Task[None] | None = None
+        """Follows the acker's min time for the front's credit (``FrontService._watch_min_time``)."""
+
+    def watch_min_time(self) -> Any:
+        """The acker's min-time stream (an async iterator of ``pb.GlobalTime``)."""
+        return self._channels.watch_min_time(self.tick.acker)
 
     async def close(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            await asyncio.gather(self.watch, return_exceptions=True)
         await self._channels.close()
 
 
@@ -77,13 +101,20 @@ class _Rejected(Exception):
         self.message = message
 
 
-def _open_input_log(directory: Path) -> tuple[SegmentedLog, ProducerTable, int]:
-    """Open the log for writing and replay it: the producers' admitted sequences and the last timestamp used."""
-    log = SegmentedLog(directory)
+def _open_input_log(directory: Path, segment_bytes: int = SEGMENT_BYTES) -> tuple[SegmentedLog, ProducerTable, int]:
+    """Open the log for writing and replay it: the producers' admitted sequences and the last timestamp used.
+
+    After retention, the replay starts where the log does, from what the truncation marker remembers of the
+    deleted records: without it, a retry of an event whose record is gone would be admitted a second time.
+    """
+    log = SegmentedLog(directory, segment_bytes)
     try:
         producers = ProducerTable()
-        last_ts = -1
-        for offset, data in log.scan():
+        gone = Truncation.of(log.start_offset, log.start_meta)
+        for producer, (sequence, gt) in gone.producers.items():
+            producers.admit(producer, sequence, gt)
+        last_ts = gone.last_ts
+        for offset, data in log.scan(log.start_offset):
             try:
                 record = decode_record(data)
                 last_ts = max(last_ts, record["ts"])
@@ -97,11 +128,45 @@ def _open_input_log(directory: Path) -> tuple[SegmentedLog, ProducerTable, int]:
     return log, producers, last_ts
 
 
+RETENTION_EVERY = 1.0
+"""Seconds between looks at ZooKeeper for the oldest retained complete snapshot (input-log retention)."""
+
 LEASE_WAIT = 5.0
 """Seconds a push waits for the stamping lease to be renewed (ZooKeeper slow or away) before UNAVAILABLE."""
 
 PROMISE_STEP_MS = 1000
 """How far ahead a front persists its report promise: one small fsync per second of reports."""
+
+
+RESEND_BATCH = 1000
+"""Events per batch when a recovery sends the logged events again."""
+
+
+def _logged_since(log: SegmentedLog, start: GlobalTime) -> list[tuple[GlobalTime, Trace, Any]]:
+    """The logged events stamped at or after ``start``, in log (= stamp) order: read from the end backwards,
+    since a recovery starts at a recent snapshot."""
+    found: list[tuple[GlobalTime, Trace, Any]] = []
+    offset = log.end_offset
+    while offset > log.start_offset:
+        first = max(log.start_offset, offset - RESEND_BATCH)
+        for _offset, data in reversed(log.read(first, offset - first)):
+            record = decode_record(data)
+            gt = GlobalTime(record["ts"], record["front"])
+            if gt < start:
+                return found[::-1]
+            found.append((gt, (record["seq"],), record["payload"]))
+        offset = first
+    return found[::-1]
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is the disk or the quota running out: a condition freeing space ends."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _read_promise(path: Path) -> int:
@@ -124,8 +189,16 @@ def _write_promise(path: Path, ts: int) -> None:
 class FrontService(rpc.FrontServicer):
     def __init__(self, front_id: int, log: SegmentedLog, producers: ProducerTable, last_ts: int,
                  max_event_bytes: int, promise_file: Path, local: LocalEndpoints,
-                 store: ClusterStore | None = None) -> None:
+                 store: ClusterStore | None = None, max_push_bytes: int = MAX_PUSH_BYTES,
+                 max_in_flight: int = MAX_IN_FLIGHT_EVENTS) -> None:
         self.front_id = front_id
+        self.max_push_bytes = max_push_bytes
+        self.max_in_flight = max_in_flight
+        self._in_flight: deque[tuple[GlobalTime, int]] = deque()
+        """(last global time, events) of each admission not known complete: what the credit counts."""
+        self._in_flight_events = 0
+        self._progress = asyncio.Event()
+        """Set whenever the min time retires admissions: wakes pushes waiting for credit."""
         self.local = local
         self.logger = role_logger(f"front{front_id}")
         self.max_event_bytes = max_event_bytes
@@ -153,16 +226,23 @@ class FrontService(rpc.FrontServicer):
         self._lock = asyncio.Lock()
         """Orders pushes and reports: a report is written after the acks of everything stamped before it."""
         self._reports: asyncio.Task[None] | None = None
+        self._report_owed = False
+        """A report was held back at the persisted promise (the promise file could not be written)."""
 
     @classmethod
     async def open(cls, front_id: int, data_dir: Path, max_event_bytes: int, local: LocalEndpoints,
-                   store: ClusterStore | None = None) -> FrontService:
+                   store: ClusterStore | None = None, segment_bytes: int = SEGMENT_BYTES,
+                   max_push_bytes: int = MAX_PUSH_BYTES, max_in_flight: int = MAX_IN_FLIGHT_EVENTS) -> FrontService:
         directory = front_log_dir(data_dir, front_id)
-        log, producers, last_ts = await asyncio.to_thread(_open_input_log, directory)
+        log, producers, last_ts = await asyncio.to_thread(_open_input_log, directory, segment_bytes)
         return cls(front_id, log, producers, last_ts, max_event_bytes, directory.parent / f"promise-{front_id}",
-                   local, store)
+                   local, store, max_push_bytes, max_in_flight)
 
     # -- deployment ---------------------------------------------------------------
+
+    def skip_through(self, tick: int) -> None:
+        """Take no tick up to ``tick`` (a restarted front must not route under its predecessor's tick)."""
+        self._known = max(self._known, tick)
 
     async def deploy(self, tick: Tick) -> None:
         """Switch to ``tick``: its graph, workers and acker, or refuse pushes if it leaves this front out.
@@ -187,23 +267,48 @@ class FrontService(rpc.FrontServicer):
                 refusal = f"tick {tick.number}: cannot load the graph: {exc}"
             else:
                 route, refusal = _Route(tick, plan, self.local), ""
+                route.watch = asyncio.create_task(self._watch_min_time(route))
         if route is None:
             self.logger.error("%s", refusal)
         async with self._lock:
             current = self._route
             if route is not None and tick.previous is not None and current is not None and \
-                    current.tick.number == tick.previous:
+                    current.tick.number == tick.previous and not tick.recovery:
                 old, self._next = self._next, route
                 self.logger.info("tick %d takes over from tick %d at %s", tick.number, tick.previous, tick.start)
             else:
                 old, self._route, self._refusal = current, route, refusal
                 if route is not None:
                     self._clock.report(tick.start.ts)  # the tick covers times from its start on
+                if route is not None and tick.recovery:
+                    await self._resend(route, tick.start)
                 if self._next is not None:
                     await self._next.close()
                     self._next = None
         if old is not None:
             await old.close()
+
+    async def _resend(self, route: _Route, start: GlobalTime) -> None:
+        """Recovery: send every logged event stamped at or after ``start`` again, with its original stamp.
+
+        The recovery tick restores the grouping state of the last complete
+        snapshot at ``start``; the events after it are in this log (an event is
+        acknowledged only once logged), so sending them again with their
+        original global times and traces reproduces the stream the crash
+        interrupted, and the barriers drop what they had released already.
+        Called with the lock held: no push or report comes between, and the
+        report after the resend is what lets the new acker's min time pass it.
+        """
+        events = await asyncio.to_thread(_logged_since, self._log, start)
+        for first in range(0, len(events), RESEND_BATCH):
+            chunk = [_Fresh(gt, trace, payload, as_hash(route.balance(payload)), "", 0)
+                     for gt, trace, payload in events[first:first + RESEND_BATCH]]
+            sends, acks = self._batches(route, chunk)
+            await self._to_acker(route, acks)
+            await self._to_workers(route, sends)
+        ts = self._clock.report(_now_ms())
+        await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
+        self.logger.info("recovery: sent the %d logged events from %s on again", len(events), start)
 
     async def _switch_if_due(self, ts: int) -> _Route | None:
         """The route of an event stamped ``ts``: the next tick's from its start on (which then becomes current).
@@ -229,7 +334,8 @@ class FrontService(rpc.FrontServicer):
                    context: grpc.aio.ServicerContext[pb.PushRequest, pb.PushResponse]) -> pb.PushResponse:
         # Shielded: gRPC cancels the handler when the client gives up, but an admission that has begun must finish,
         # or the log, the acker and the workers would disagree (and the log could get two writers at once).
-        outcome = await asyncio.shield(self._push(request))
+        refused = self._budget(request) or await self._wait_for_credit(len(request.events))
+        outcome = refused if refused is not None else await asyncio.shield(self._push(request))
         if isinstance(outcome, _Rejected):
             await context.abort(outcome.code, outcome.message)
         return outcome
@@ -249,6 +355,8 @@ class FrontService(rpc.FrontServicer):
                     raise _Rejected(grpc.StatusCode.FAILED_PRECONDITION, self._refusal)
                 if route.broken is not None:
                     raise _Rejected(grpc.StatusCode.UNAVAILABLE, route.broken)
+                self._check_credit(len(request.events))  # again under the lock: concurrent pushes took credit
+                self._check_producers(request.events)
                 checked = self._validate(request.events, route)
                 response, fresh = self._stamp(request.events, checked, now)
                 if fresh:
@@ -257,8 +365,104 @@ class FrontService(rpc.FrontServicer):
             except _Rejected as rejected:
                 return rejected
 
+    # -- per-push budget and credit ----------------------------------------------
+
+    def _budget(self, request: pb.PushRequest) -> _Rejected | None:
+        """Refuse a request larger than ``max_push_bytes`` before anything else looks at it.
+
+        Why: a request is decoded, validated, logged and fanned out as a
+        whole while the front's lock is held; the per-event limit alone lets a
+        single request of many large events (100 x 400 KB) occupy the front
+        and amplify downstream.  Permanent: split the request instead.
+        """
+        size = request.ByteSize()
+        if size > self.max_push_bytes:
+            return _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"push of {size} bytes exceeds the limit of {self.max_push_bytes} (--max-push-bytes); "
+                             "send fewer events per request")
+        return None
+
+    def _has_credit(self, events: int) -> bool:
+        """Whether ``events`` more may be admitted: the in-flight count stays within ``max_in_flight`` (a request
+        alone above it still goes when nothing is in flight, or it could never go)."""
+        return self._in_flight_events == 0 or self._in_flight_events + events <= self.max_in_flight
+
+    def _no_credit(self) -> _Rejected:
+        return _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"{self._in_flight_events} admitted events are still in flight, the limit is "
+                         f"{self.max_in_flight} (--max-in-flight-events) {RETRY_HINT}")
+
+    async def _wait_for_credit(self, events: int) -> _Rejected | None:
+        """Backpressure: wait up to ``CREDIT_WAIT`` for the min time to retire enough admitted events.
+
+        Why: admitting faster than the workers complete only moves the queue
+        into worker and barrier memory (the acker, the groupings and the
+        barrier hold every in-flight item).  Credit bounds that; a client
+        refused after the short wait retries with backoff (the SDK does).
+        Outside the lock, so reports (which move the min time) go on.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CREDIT_WAIT
+        while not self._has_credit(events):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return self._no_credit()
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+        return None
+
+    def _check_credit(self, events: int) -> None:
+        if not self._has_credit(events):
+            raise self._no_credit()
+
+    def _take_credit(self, admitted: list[_Fresh]) -> None:
+        if admitted:  # stamped in increasing time: the last one completes last
+            self._in_flight.append((admitted[-1].gt, len(admitted)))
+            self._in_flight_events += len(admitted)
+
+    def _retire(self, min_time: GlobalTime) -> None:
+        """Everything admitted below ``min_time`` is complete: give its credit back."""
+        in_flight = self._in_flight
+        while in_flight and in_flight[0][0] < min_time:
+            self._in_flight_events -= in_flight.popleft()[1]
+        self._progress.set()
+
+    async def _watch_min_time(self, route: _Route) -> None:
+        """Follow the acker's min time for as long as ``route`` is deployed (cancelled when it closes)."""
+        while True:
+            try:
+                async for min_time in route.watch_min_time():
+                    self._retire(GlobalTime(min_time.ts, min_time.front))
+            except Exception as exc:  # the acker restarting or moving: pushes wait for credit meanwhile
+                self.logger.debug("min-time watch ended (%s); watching again", exc)
+            await asyncio.sleep(0.2)
+
+    def _check_producers(self, events: Sequence[pb.Event]) -> None:
+        """Producer ids and sequence numbers (``limits.producer_fault`` / ``sequence_fault``), by event index.
+
+        Why: an id is kept in memory, in every input-log record and in the
+        truncation marker, so its length is bounded; ids starting with ``~``
+        belong to the SDK's anonymous producers; and a sequence at the top of
+        uint64 would leave its producer no larger number to continue with.
+        """
+        for i, event in enumerate(events):
+            if event.producer:
+                fault = producer_fault(event.producer) or sequence_fault(event.sequence)
+                if fault is not None:
+                    raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"event {i}: {fault}")
+
     def _validate(self, events: Sequence[pb.Event], route: _Route) -> list[tuple[Any, int]]:
-        """Payload and entry hash of every event, or the first fault: nothing is admitted from a faulty request."""
+        """Payload and entry hash of every event, or the first fault: nothing is admitted from a faulty request.
+
+        Everything a worker could not process or write is refused here, by event
+        index (``check_payload``: lone surrogates, NaN/Infinity, nesting deeper
+        than ``MAX_DEPTH``): once admitted, an event's ack is at the acker, and
+        a failure further on would hold the minimal time back for good.  The
+        entry hash goes through ``as_hash`` like every other hash (folded into
+        int32; no integer at all is a fault) — the local runtime and the oracle
+        ask the same (``worker.entry_hash``).
+        """
         checked: list[tuple[Any, int]] = []
         for i, event in enumerate(events):
             size = event.ByteSize()
@@ -270,14 +474,16 @@ class FrontService(rpc.FrontServicer):
                 payload = payloads.decode_payload(event.payload)
             except payloads.PayloadError as exc:
                 raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"event {i}: {exc}") from None
+            fault = payloads.check_payload(payload)
+            if fault is not None:
+                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"event {i}: {fault}")
             try:
-                h = route.balance(payload)
-            except Exception as exc:  # business logic: anything can go wrong
-                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"event {i}: balancing function failed: {type(exc).__name__}: {exc}") from None
-            if not isinstance(h, int) or not INT32_MIN <= h <= INT32_MAX:
-                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"event {i}: balancing function returned {h!r}, not an int32 hash")
+                h = as_hash(route.balance(payload))
+            except BalanceError as exc:
+                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"event {i}: {exc}") from None
+            except Exception as exc:  # business logic: anything can go wrong (its message too: made writable)
+                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, writable(
+                    f"event {i}: balancing function failed: {type(exc).__name__}: {exc}")) from None
             checked.append((payload, h))
         return checked
 
@@ -322,6 +528,7 @@ class FrontService(rpc.FrontServicer):
             await self._salvage(route, fresh, acks, first, exc)
             return
         self._commit(fresh)
+        self._take_credit(fresh)
         await self._to_workers(route, sends)
 
     async def _salvage(self, route: _Route, fresh: list[_Fresh], acks: dict[GlobalTime, int], first: int,
@@ -344,19 +551,22 @@ class FrontService(rpc.FrontServicer):
             raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"front is stopping: {self.failure}") from None
         survivors = fresh[:kept]
         self._commit(survivors)  # in the log, so admitted, whatever happens to their delivery
+        self._take_credit(survivors)
         sends, survivor_acks = self._batches(route, survivors)
         codec.xor_into(acks, survivor_acks)  # the same acks again cancel the first ones at the acker
         await self._to_acker(route, acks)
         await self._to_workers(route, sends)
         if kept < len(fresh):
-            raise _Rejected(grpc.StatusCode.UNAVAILABLE,
-                            f"input log write failed ({exc}); {kept} of the {len(fresh)} new events reached it and "
-                            "are admitted (retry with the same producer and sequence to learn their times)")
+            full = _disk_full(exc)
+            raise _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
+                            f"{'disk full: ' if full else ''}input log write failed ({exc}); {kept} of the "
+                            f"{len(fresh)} new events reached it and are admitted (retry with the same producer and "
+                            f"sequence to learn their times) {RETRY_HINT}")
 
     def _reopen_log(self, first: int) -> int:
         """Reopen the input log; returns how many records of the batch that started at ``first`` it holds."""
         self._log.close()
-        self._log = SegmentedLog(self._log.directory)
+        self._log = SegmentedLog(self._log.directory, self._log.segment_bytes)
         return self._log.end_offset - first
 
     def _batches(self, route: _Route, fresh: list[_Fresh]) -> tuple[list[tuple[int, pb.ItemBatch]],
@@ -413,16 +623,62 @@ class FrontService(rpc.FrontServicer):
                 route = await self._switch_if_due(self._clock.next_ts(_now_ms()))
                 if route is None or route.broken is not None:
                     continue
-                if len(route.tick.fronts) == 1 and self._clock.covered():
+                if len(route.tick.fronts) == 1 and self._clock.covered() and not self._report_owed:
                     continue
                 ts = self._clock.report(_now_ms())
                 if ts > self._promised:  # persist ahead, in steps, before promising past the persisted bound
-                    self._promised = ts + PROMISE_STEP_MS
-                    await asyncio.to_thread(_write_promise, self._promise_file, self._promised)
+                    try:
+                        await asyncio.to_thread(_write_promise, self._promise_file, ts + PROMISE_STEP_MS)
+                        self._promised, self._report_owed = ts + PROMISE_STEP_MS, False
+                    except OSError as exc:
+                        # Disk full: promise only the persisted bound, and keep trying (the clock now counts as
+                        # covered, so without ``_report_owed`` a lone front would stop reporting for good).
+                        if not self._report_owed:
+                            self.logger.warning("cannot persist the report promise (%s); reporting at most %d",
+                                                exc, self._promised)
+                        self._report_owed, ts = True, self._promised
                 try:
                     await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
                 except hosting.StreamBroken as exc:
                     self._break(route, exc)
+
+    # -- input-log retention -----------------------------------------------------
+
+    async def retain_input(self, store: ClusterStore) -> None:
+        """Every ``RETENTION_EVERY`` s, delete the input-log segments wholly below the oldest retained complete
+        snapshot.
+
+        Why that bound: events below it are in every retained snapshot's
+        state, so nothing can need them — neither a hand-over falling back
+        to the oldest retained snapshot nor a replay from it — while every
+        event at or after it may be re-processed.  The segments to delete are
+        found on a read-only view of the log without the lock
+        (``plan_truncation``: records are compared by global time (ts,
+        front), a record *at* the boundary stays); only deleting them takes
+        the lock pushes hold, so no append runs meanwhile.  A failure (ZooKeeper
+        away, a damaged segment) is logged and retried: keeping the log a
+        little longer is always safe.
+        """
+        logger = self.logger
+        while True:
+            await asyncio.sleep(RETENTION_EVERY)
+            try:
+                oldest = await asyncio.to_thread(store.oldest_complete_snapshot)
+                if oldest is None:
+                    continue
+                below = boundary_of(oldest)
+                plan = await asyncio.to_thread(plan_truncation, self._log.directory, below)
+                if plan is None:
+                    continue
+                offset, state = plan
+                async with self._lock:
+                    start = await asyncio.to_thread(self._log.truncate_before, offset, state.meta())
+            except Exception:
+                logger.warning("input-log retention failed; the log is kept for now", exc_info=True)
+                continue
+            logger.info("input log now starts at offset %d: deleted the events up to %s (the oldest retained "
+                        "complete snapshot is below %s)", start,
+                        f"{state.last.ts}-{state.last.front}" if state.last else "-", oldest)
 
     # -- shutdown ----------------------------------------------------------------
 
@@ -455,10 +711,13 @@ class FrontRole:
 
     @classmethod
     async def open(cls, front_id: int, data_dir: Path, local: LocalEndpoints, store: ClusterStore, *,
-                   report_interval_ms: int = 5, max_event_bytes: int = 1 << 20) -> FrontRole:
+                   report_interval_ms: int = 5, max_event_bytes: int = 1 << 20,
+                   segment_bytes: int = SEGMENT_BYTES, max_push_bytes: int = MAX_PUSH_BYTES,
+                   max_in_flight: int = MAX_IN_FLIGHT_EVENTS) -> FrontRole:
         """Open (and replay) the front's input log; exits naming the log if it cannot."""
         try:
-            service = await FrontService.open(front_id, data_dir, max_event_bytes, local, store)
+            service = await FrontService.open(front_id, data_dir, max_event_bytes, local, store, segment_bytes,
+                                              max_push_bytes, max_in_flight)
         except (OSError, LogError) as exc:
             raise SystemExit(f"front {front_id}: cannot open the input log: {exc}") from None
         return cls(service, report_interval_ms)
@@ -473,6 +732,7 @@ class FrontRole:
         self.service.start_reports(self._report_interval, supervisor)
         if self.service.lease is not None:
             supervisor.spawn(self.name, "stamping lease", self.service.lease.run())
+            supervisor.spawn(self.name, "input-log retention", self.service.retain_input(self.service.lease.store))
         supervisor.spawn(self.name, "input log", self._watch_log(), essential=True)
 
     async def _watch_log(self) -> None:
@@ -481,6 +741,10 @@ class FrontRole:
 
     async def deploy(self, tick: Tick) -> None:
         await self.service.deploy(tick)
+
+    def skip_through(self, tick: int) -> None:
+        # The stamping lease reads the ticks after the newest known one: not these.
+        self.service.skip_through(tick)
 
     async def close(self) -> None:
         await self.service.close()

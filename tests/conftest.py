@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,3 +43,14 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+def cluster_dir(tmp_path: Path) -> Iterator[Path]:
+    """The data dir of a cluster the test starts with ``flamestream up``; taken down after the test if it is
+    still recorded there (a failed assertion must not leave processes behind)."""
+    path = tmp_path / "cluster"
+    yield path
+    if (path / "cluster.json").exists():
+        subprocess.run([sys.executable, "-m", "flamestream", "down", "--data-dir", str(path)], capture_output=True,
+                       timeout=180, check=False)

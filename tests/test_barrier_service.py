@@ -253,13 +253,17 @@ def test_topic_survives_a_restart(zookeeper: str, cluster_name: str, tmp_path: P
             deliver(stub, batch(BATCH1, {}))
             acker.push(GlobalTime(25, 0))
             assert [r[3] for r in records(subscribe(stub, 0, 0), 2)] == ["b1", "late"]
-        with barrier_process(zookeeper, cluster_name, data, tmp_path / "second.err") as (_, stub):
+        with barrier_process(zookeeper, cluster_name, data, tmp_path / "second.err") as (barrier, stub):
             # Readable before any tick reaches the new process.
             assert records(subscribe(stub, 0, 0), 2) == [(0, 0, G10, "b1"), (0, 1, G20, "late")]
             assert records(subscribe(stub, 1, 0), 1) == [(1, 0, G11, "x")]
-            # The restarted process takes up the current tick from ZooKeeper by itself.  (Publishing another
-            # one here would race with the delivery: a new tick empties the buffers.)
-            deliver(stub, batch([("again", G30, (0,), False)], {}))
+            # A restarted process does not take its predecessor's tick over: it waits for a newer one (what a
+            # recovery publishes), and so does a delivery.  Delivered first, so the tick cannot empty its buffer.
+            with futures.ThreadPoolExecutor(1) as pool:
+                delivered = pool.submit(deliver, stub, batch([("again", G30, (0,), False)], {}))
+                publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=0, acker=acker_address,
+                             barriers=((0, barrier.address), (1, barrier.address)))
+                delivered.result()
             acker.push(GlobalTime(35, 0))
             assert records(subscribe(stub, 0, 2), 1) == [(0, 2, G30, "again")]  # appends continue the offsets
 

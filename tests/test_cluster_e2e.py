@@ -103,7 +103,7 @@ def consume_all(client: Client, group: str, count: int, timeout: float = 60) -> 
     records = []
     last: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
-    for record in client.consume(group=group, timeout=5):
+    for record in client.consume(group=group, timeout=30):
         records.append(record)
         last[record.partition] = record
         if len(records) >= count or time.monotonic() > deadline:

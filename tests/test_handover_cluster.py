@@ -35,9 +35,9 @@ PAGES = ROOT.parent / "shared" / "data" / "wiki_football_ru.xml"
 class Pusher(threading.Thread):
     """Pushes events one small batch at a time until stopped, like a steady source."""
 
-    def __init__(self, zookeeper: str, cluster: str, events: Iterator[Any], pause: float) -> None:
+    def __init__(self, zookeeper: str, cluster: str, events: Iterator[Any], pause: float, retries: int = 6) -> None:
         super().__init__(daemon=True)
-        self.client = Client(zookeeper, cluster)
+        self.client = Client(zookeeper, cluster, retries=retries)
         self.events, self.pause = events, pause
         self.pushed = 0
         self.stop = threading.Event()

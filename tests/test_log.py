@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import tempfile
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flamestream.storage.log import LogError, SegmentedLog
+from flamestream.storage.log import START_FILE, LogError, SegmentedLog
 
 
 def records(n: int, size: int = 10) -> list[bytes]:
@@ -405,3 +406,120 @@ def test_scan_reads_a_range_across_segments_in_chunks(tmp_path: Path) -> None:
         assert list(log.scan(7, 23, chunk=4)) == [(i, bytes([i]) * 10) for i in range(7, 23)]
         with pytest.raises(LogError, match="not published"):
             list(log.scan(45, 51))
+
+
+# -- truncation (retention) ------------------------------------------------------------------------------------
+
+
+def truncated_log(directory: Path, n: int = 20) -> list[bytes]:
+    """``n`` records in 3-record segments (bases 0, 3, 6, ...), then truncated before offset 10 (start 9)."""
+    data = records(n)
+    with SegmentedLog(directory, segment_bytes=64) as log:
+        log.append_many(data)
+        assert log.truncate_before(10, {"note": "up to 8"}) == 9
+    return data
+
+
+def test_truncate_before_deletes_whole_sealed_segments_and_keeps_offsets(tmp_path: Path) -> None:
+    data = records(20)
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(data)
+        assert log.truncate_before(10, {"note": "up to 8"}) == 9  # the segment holding 10 starts at 9: kept whole
+        assert log.start_offset == 9 and log.start_meta == {"note": "up to 8"}
+        assert log.segment_bases == [9, 12, 15, 18]
+        assert [int(p.stem) for p in segment_files(tmp_path)] == [9, 12, 15, 18]
+        assert [int(p.stem) for p in segment_files(tmp_path, ".index")] == [9, 12, 15, 18]
+        assert log.read(9, max_records=100) == [(o, data[o]) for o in range(9, 20)]
+        assert log.end_offset == 20 and log.append(b"next") == 20  # offsets never shift
+        assert log.truncate_before(9) == 9 and log.truncate_before(3) == 9  # at or below the start: no change
+        with pytest.raises(ValueError, match="beyond the end"):
+            log.truncate_before(22)
+    assert json.loads((tmp_path / START_FILE).read_text()) == {"start": 9, "meta": {"note": "up to 8"}}
+
+
+def test_reading_below_the_start_is_a_clear_error_never_less_data(tmp_path: Path) -> None:
+    data = truncated_log(tmp_path)
+    for readonly in (False, True):
+        with SegmentedLog(tmp_path, segment_bytes=64, readonly=readonly) as log:
+            with pytest.raises(LogError, match=r"offset 8 is below the start of the log \(9\): the records before it "
+                                               r"were deleted on purpose"):
+                log.read(8)
+            with pytest.raises(LogError, match="below the start"):
+                list(log.scan())  # the default start is 0, not "whatever is left"
+            assert [payload for _, payload in log.scan(log.start_offset)] == data[9:]
+
+
+def test_the_marker_survives_reopening_for_reading_and_writing(tmp_path: Path) -> None:
+    data = truncated_log(tmp_path)
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert (log.start_offset, log.end_offset, log.start_meta) == (9, 20, {"note": "up to 8"})
+        assert log.append_many(records(25)[20:]) == 20
+        assert log.truncate_before(19, {"note": "up to 17"}) == 18
+    with SegmentedLog(tmp_path, segment_bytes=64, readonly=True) as reader:
+        assert (reader.start_offset, reader.end_offset, reader.start_meta) == (18, 25, {"note": "up to 17"})
+        assert [payload for _, payload in reader.scan(18)] == (data + records(25)[20:])[18:]
+
+
+def test_the_active_segment_is_never_deleted(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(records(8))  # bases 0, 3, 6; 6 is active
+        assert log.truncate_before(8) == 6
+        assert log.segment_bases == [6] and log.read(6) == [(6, records(8)[6]), (7, records(8)[7])]
+        log.append_many(records(12)[8:])
+        assert log.segment_bases == [6, 9]
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert log.end_offset == 12 and log.start_offset == 6
+
+
+def test_a_truncation_interrupted_by_a_crash_is_finished_on_open(tmp_path: Path) -> None:
+    """The marker is durable before any segment goes: segments left below it (a crash in between) are ignored
+    by readers and deleted by the next writer."""
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(records(20))
+    saved = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.stem.isdigit() and int(p.stem) < 9}
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.truncate_before(10)
+    for name, content in saved.items():  # as if the deletions had never happened
+        (tmp_path / name).write_bytes(content)
+    with SegmentedLog(tmp_path, segment_bytes=64, readonly=True) as reader:
+        assert reader.segment_bases[0] == 9 and reader.start_offset == 9
+        with pytest.raises(LogError, match="below the start"):
+            reader.read(0)
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        assert log.start_offset == 9
+    assert [int(p.stem) for p in segment_files(tmp_path)] == [9, 12, 15, 18]
+
+
+def test_a_missing_segment_at_or_after_the_start_is_still_corruption(tmp_path: Path) -> None:
+    truncated_log(tmp_path)
+    (tmp_path / f"{9:020d}.log").unlink()
+    with pytest.raises(LogError, match=r"starts at offset 9 \(start.json\) but its first segment starts at 12"):
+        SegmentedLog(tmp_path, segment_bytes=64)
+    with pytest.raises(LogError, match="segments are missing"):
+        SegmentedLog(tmp_path, segment_bytes=64, readonly=True)
+
+
+def test_a_damaged_marker_is_refused_naming_it(tmp_path: Path) -> None:
+    truncated_log(tmp_path)
+    (tmp_path / START_FILE).write_text('{"start": ')
+    with pytest.raises(LogError, match=r"start\.json is damaged .*cannot tell where the log starts"):
+        SegmentedLog(tmp_path, segment_bytes=64)
+
+
+def test_a_reader_notices_a_truncation_made_after_it_opened(tmp_path: Path) -> None:
+    data = records(20)
+    with SegmentedLog(tmp_path, segment_bytes=64) as writer:
+        writer.append_many(data)
+        with SegmentedLog(tmp_path, readonly=True) as reader:
+            assert reader.read(0, max_records=2) == [(0, data[0]), (1, data[1])]
+            writer.truncate_before(10)
+            with pytest.raises(LogError, match=r"offset 0 is below the start of the log \(9\)"):
+                reader.read(0)
+            assert reader.read(9, max_records=1) == [(9, data[9])]
+
+
+def test_only_the_writer_truncates(tmp_path: Path) -> None:
+    with SegmentedLog(tmp_path, segment_bytes=64) as log:
+        log.append_many(records(10))
+    with SegmentedLog(tmp_path, readonly=True) as reader, pytest.raises(LogError, match="read-only"):
+        reader.truncate_before(5)

@@ -113,13 +113,71 @@ def test_damage_is_detected_and_named(tmp_path: Path, damage: str) -> None:
     elif damage == "magic":
         data[0:4] = b"junk"
     else:
-        data = bytearray(bytes(data).replace(b'"version": 1', b'"version": 9', 1))
+        data = bytearray(bytes(data).replace(b'"version": 2', b'"version": 9', 1))
     path.write_bytes(bytes(data))
     expected = {"truncate": "truncated", "flip": "corrupted", "magic": "not a flamestream snapshot",
                 "version": "format version 9"}[damage]
     with pytest.raises(SnapshotError, match=expected) as info:
         read_snapshot(path)
     assert str(path) in str(info.value)
+
+
+def test_every_truncation_is_detected_with_a_clear_error(tmp_path: Path) -> None:
+    """A torn file — cut anywhere: in the magic, the header or the body — is refused, saying it is truncated."""
+    at, state = handover_state()
+    path = snapshot_path(tmp_path, at, 0)
+    write_snapshot(path, state, boundary=at, worker=0, tick=1)
+    whole = path.read_bytes()
+    for size in sorted({0, 1, 10, 21, 22, 40, len(whole) // 2, len(whole) - 1} | set(range(0, len(whole), 97))):
+        path.write_bytes(whole[:size])
+        with pytest.raises(SnapshotError, match=r"is truncated: ") as info:
+            read_snapshot(path)
+        assert str(path) in str(info.value), size
+
+
+def test_every_flipped_byte_is_detected_header_included(tmp_path: Path) -> None:
+    """A byte changed anywhere — the magic, any header field (boundary, worker, tick, sizes, checksum), the
+    body — never loads: the checksum covers the header's fields too, so a flipped digit cannot pass for another
+    boundary or worker.  (A change that leaves the header's JSON meaning the same, such as one whitespace
+    character for another, loads the same snapshot, which is harmless.)"""
+    at, state = handover_state()
+    path = snapshot_path(tmp_path, at, 2)
+    written = write_snapshot(path, state, boundary=at, worker=2, tick=5)
+    whole = path.read_bytes()
+    header_end = whole.index(b"\n", 21)
+    positions = list(range(0, header_end + 1)) + list(range(header_end + 1, len(whole), max(1, len(whole) // 200)))
+    for position in positions:
+        for mask in (0x01, 0x20, 0xFF):
+            damaged = bytearray(whole)
+            damaged[position] ^= mask
+            path.write_bytes(bytes(damaged))
+            try:
+                info, back = read_snapshot(path)
+            except SnapshotError as exc:
+                assert str(path) in str(exc)
+                continue
+            assert (info, back) == (written, state), f"byte {position} ^ {mask:#x} loaded as something else"
+
+
+def test_a_format_1_file_still_reads(tmp_path: Path) -> None:
+    """Format 1 checksummed the body only; files written by that build still load (a hand-over across an
+    upgrade), and are still refused when their body is damaged."""
+    import hashlib
+    import json
+
+    at, state = handover_state()
+    path = snapshot_path(tmp_path, at, 0)
+    write_snapshot(path, state, boundary=at, worker=0, tick=1)
+    whole = path.read_bytes()
+    header_end = whole.index(b"\n", 21)
+    fields = json.loads(whole[21:header_end])
+    body = whole[header_end + 1:]
+    fields.update(version=1, sha256=hashlib.sha256(body).hexdigest())
+    path.write_bytes(whole[:21] + json.dumps(fields).encode() + b"\n" + body)
+    assert read_snapshot(path)[1] == state
+    path.write_bytes(whole[:21] + json.dumps(fields).encode() + b"\n" + body[:-1] + bytes([body[-1] ^ 1]))
+    with pytest.raises(SnapshotError, match="corrupted"):
+        read_snapshot(path)
 
 
 def test_chunks_written_one_after_another_decode_in_order() -> None:

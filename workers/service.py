@@ -20,11 +20,15 @@ and replay start from; the last ``--snapshot-retention`` complete ones are kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import operator
 import shutil
 import time
 from collections.abc import Callable
+from itertools import compress, repeat
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -34,12 +38,15 @@ from flamestream.core.hashing import INT32_MIN
 from flamestream.core.item import Envelope, Item, envelope_meta, envelope_time, item_time
 from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import compile_graph
-from flamestream.core.tick import Tick
-from flamestream.core.worker import Worker, WorkerState, merge_states
+from flamestream.core.tick import Layout, Tick
+from flamestream.core.worker import Worker, WorkerState, front_envelopes, merge_states
 from flamestream.runtime.channels import Channels, LocalEndpoints
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
+from flamestream.storage.input_log import read_input_range
+from flamestream.storage.log import LogError
 from flamestream.storage.snapshots import (
+    SnapshotError,
     boundary_name,
     boundary_of,
     read_snapshot,
@@ -63,6 +70,48 @@ SNAPSHOT_POLL = 0.05
 """Seconds between looks at ZooKeeper while a new tick waits for its previous tick's snapshot to complete."""
 SNAPSHOT_WAIT_WARNING = 10.0
 """Seconds of such waiting between warnings in the log."""
+
+TICK_WAIT = 10.0
+"""Seconds an ``Exchange`` stream waits for a newer tick before it refuses envelopes that fit no tick it knows,
+but could fit one still on its way (see ``WorkerService._refusal``)."""
+TICK_POLL = 0.05
+"""Seconds between looks for that newer tick."""
+
+
+CATCH_UP_CHUNK = 256
+"""Events a fallback hand-over re-processes at once; the grouping state is trimmed between chunks."""
+
+
+def _catch_up(graph: dict[str, Any], state: WorkerState, start: GlobalTime, stop: GlobalTime,
+              data_dir: Path) -> tuple[WorkerState, int]:
+    """The state below ``stop`` from the state below ``start`` and the logged events in [start, stop); and how
+    many events that took.
+
+    One worker core over the whole hash space, fed in (global time, trace)
+    order: depth-first in meta order is the sequential oracle's order, so it
+    replays nothing and ends with the state the tick's workers had.  Every
+    output is dropped (the old tick released it).  Events the entry balancing
+    function refuses were refused at the front too, and never logged.
+    """
+    plan = compile_graph(Graph.from_dict(graph))
+    whole = Layout.even(1)
+    core = Worker(plan, 0, whole)
+    core.restore(state)
+    events = read_input_range(data_dir, start, stop)
+    for first in range(0, len(events), CATCH_UP_CHUNK):
+        inputs = []
+        for _front, gt, trace, payload in events[first:first + CATCH_UP_CHUNK]:
+            try:
+                h = plan.entry_balance(payload)
+            except Exception:  # business logic: the front refused the same event
+                continue
+            inputs.append((h, (payload, gt, trace, False)))
+        for envelopes in front_envelopes(plan, whole, inputs).values():
+            for _outbox in core.run(envelopes):
+                pass
+        if first + CATCH_UP_CHUNK < len(events):
+            core.on_min_time(events[first + CATCH_UP_CHUNK][1])  # everything before it is done
+    return core.snapshot(stop), len(events)
 
 
 class _Deployment:
@@ -96,7 +145,7 @@ class WorkerService(rpc.WorkerServicer):
         self.linger = linger_ms / 1000
         self.snapshot_interval = snapshot_interval_ms if data_dir is not None and store is not None else 0
         self.snapshot_retention = snapshot_retention
-        self.inbox: asyncio.Queue[pb.ItemBatch] = asyncio.Queue()
+        self.inbox: asyncio.Queue[_Inbound] = asyncio.Queue()
         self.load = [0] * LOAD_BUCKETS
         """Items processed per hash bucket (envelopes with a hash), for ``deploy --rebalance``."""
         self.current: _Deployment | None = None
@@ -111,6 +160,8 @@ class WorkerService(rpc.WorkerServicer):
         self._watch = Channels(local)
         self._min_time_task: asyncio.Task[None] | None = None
         self._writing: asyncio.Task[None] | None = None
+        self._swept_ticks = 0
+        """Ticks below this number have had their snapshots deleted by ``_retain`` (none are written any more)."""
         self.supervisor: Supervisor | None = None
 
     async def close(self) -> None:
@@ -121,10 +172,60 @@ class WorkerService(rpc.WorkerServicer):
         await self._watch.close()
 
     async def Exchange(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> pb.Empty:
-        # Batches may arrive before this worker has seen the tick (a front saw it first): they wait in the inbox.
+        """Decode and check every batch here, where its stream can still be told: a batch that failed later, in
+        the processing loop, would stop the node (and its call would have returned long before).  A refused
+        batch ends its own call with INVALID_ARGUMENT; nothing of it is taken, other streams go on."""
         async for batch in request_iterator:
-            self.inbox.put_nowait(batch)
+            try:
+                envelopes, acks = codec.decode_envelopes(batch)
+            except codec.BatchError as exc:
+                await self._refuse(context, batch, str(exc))
+            # Checking against the graph needs a tick: a batch may arrive before this worker has seen it (a front
+            # saw it first), and then its stream waits here.
+            problem = await self._refusal(envelopes)
+            if problem is not None:
+                await self._refuse(context, batch, problem)
+            self.inbox.put_nowait((envelopes, acks, (self.previous, self.current)))
         return pb.Empty()
+
+    async def _refusal(self, envelopes: list[Envelope]) -> str | None:
+        """Why ``envelopes`` cannot be processed by the deployments they belong to (see ``step``), or None.
+
+        Envelopes that fit none of the ticks this worker knows but are not below
+        its newest tick's start may belong to a tick it has not taken up yet (a
+        front saw it first, and stamps for it): those wait up to ``TICK_WAIT``
+        for a newer tick before they are refused.
+        """
+        await self.ready.wait()
+        deadline: float | None = None
+        while True:
+            problem = _misfit(self._placed(envelopes))
+            current = self.current
+            if problem is None or (current is not None and all(e[2][1] < current.tick.start for e in envelopes)):
+                return problem
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + TICK_WAIT
+            elif now >= deadline:
+                return f"{problem} (no newer tick came within {TICK_WAIT:g}s)"
+            known = (self.previous, current)
+            while (self.previous, self.current) == known and time.monotonic() < deadline:
+                await asyncio.sleep(TICK_POLL)
+
+    def _placed(self, envelopes: list[Envelope]) -> list[tuple[_Deployment | None, list[Envelope]]]:
+        """``envelopes`` split by the deployment that takes them, as ``step`` splits them."""
+        previous, current = self.previous, self.current
+        if previous is None or current is None:
+            return [(current or previous, envelopes)]
+        start = current.tick.start
+        return [(previous, [e for e in envelopes if e[2][1] < start]),
+                (current, [e for e in envelopes if e[2][1] >= start])]
+
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], batch: pb.ItemBatch,
+                      problem: str) -> NoReturn:
+        self.log.warning("refused a batch of %d bytes from %s (sender %d): %s", len(batch.items),
+                         _caller(context), batch.sender, problem)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} refused the batch: {problem}")
 
     # -- ticks -------------------------------------------------------------------------------------------------
 
@@ -166,7 +267,15 @@ class WorkerService(rpc.WorkerServicer):
         self.ready.set()
 
     async def _restore(self, deployment: _Deployment) -> None:
-        """Load the previous tick's complete snapshot below this tick's start, then run what waited for it."""
+        """Load the previous tick's complete snapshot below this tick's start, then run what waited for it.
+
+        If a file of that snapshot is damaged (``read_snapshot`` names it and
+        why), the hand-over falls back to the previous tick's next older
+        complete snapshot below T' and rebuilds the state below T from it (see
+        ``_handed_over``); only if no retained snapshot works does it fail —
+        loudly, and without ever processing anything on a state it does not
+        know to be right (the tick's envelopes keep waiting).
+        """
         assert self.store is not None and deployment.tick.previous is not None
         tick, previous = deployment.tick, deployment.tick.previous
         data = await asyncio.to_thread(self.store.tick, previous)
@@ -177,25 +286,79 @@ class WorkerService(rpc.WorkerServicer):
         started = time.monotonic()
         warn_at = started + SNAPSHOT_WAIT_WARNING
         while True:
-            registered = (await asyncio.to_thread(self.store.snapshots, previous)).get(boundary, {})
-            if len(registered) >= workers:
+            complete = await asyncio.to_thread(self.store.complete_snapshots, previous, workers)
+            if boundary in complete:
                 break
             await asyncio.sleep(SNAPSHOT_POLL)
             if time.monotonic() >= warn_at:
                 warn_at += SNAPSHOT_WAIT_WARNING
+                registered = (await asyncio.to_thread(self.store.snapshots, previous)).get(boundary, {})
                 self.log.warning("tick %d still waits for the snapshot of tick %d below %s: %d of %d workers",
                                  tick.number, previous, boundary, len(registered), workers)
         waited = time.monotonic() - started
-        paths = [Path(str(info["path"])) for info in registered.values()]
-        states = await asyncio.to_thread(lambda: [read_snapshot(path)[1] for path in paths])
+        state, files, source = await asyncio.to_thread(self._handed_over, tick, previous, data, complete)
         async with self.lock:
-            deployment.core.restore(merge_states(states))
+            deployment.core.restore(state)
             deployment.restored.set()
-            self.log.info("tick %d took over the state of tick %d below %s (%d files, waited %.2fs)",
-                          tick.number, previous, boundary, len(paths), waited)
+            self.log.info("tick %d took over the state of tick %d below %s (%d files%s, waited %.2fs)",
+                          tick.number, previous, boundary, files, source, waited)
             waiting, deployment.waiting = deployment.waiting, []
             for envelopes, acks in waiting:
                 await self._process(deployment, envelopes, acks)
+
+    def _handed_over(self, tick: Tick, previous: int, data: dict[str, Any],
+                     complete: list[str]) -> tuple[WorkerState, int, str]:
+        """The whole state of tick ``previous`` below ``tick.start`` T: (state, files read, how it was obtained).
+
+        The snapshot below T itself, if all its files are intact.  Otherwise
+        the newest older complete snapshot T' < T of ``previous`` whose files
+        are, plus the events of [T', T) re-processed from the fronts' input
+        logs with ``previous``'s graph (``_catch_up``): the model is
+        deterministic, so that is exactly the state the old workers had below
+        T.  Their outputs were released by the old tick already and are
+        dropped.  The input retention keeps every event from the oldest
+        retained complete snapshot on, so retention >= 2 leaves one fallback.
+        """
+        assert self.store is not None
+        registered = self.store.snapshots(previous)
+        failures: list[str] = []
+        candidates = [name for name in reversed(complete) if boundary_of(name) <= tick.start]
+        for name in candidates:
+            infos = registered.get(name)
+            if infos is None:
+                failures.append(f"{name}: no longer registered (retention)")
+                continue
+            try:
+                states = [read_snapshot(Path(str(info["path"])))[1] for _member, info in sorted(infos.items())]
+            except SnapshotError as exc:
+                self.log.warning("cannot take over the state of tick %d from its snapshot below %s: %s", previous,
+                                 name, exc)
+                failures.append(str(exc))
+                continue
+            at = boundary_of(name)
+            if at == tick.start:
+                return merge_states(states), len(states), ""
+            try:
+                state, events = _catch_up(data["graph"], merge_states(states), at, tick.start,
+                                          self._data_dir_or_fail())
+            except LogError as exc:
+                self.log.warning("cannot rebuild the state of tick %d below %s from its snapshot below %s: %s",
+                                 previous, boundary_name(tick.start), name, exc)
+                failures.append(f"{name}: {exc}")
+                continue
+            self.log.warning("tick %d takes over the state of tick %d below %s from its older snapshot below %s and "
+                             "%d events re-processed from the input log", tick.number, previous,
+                             boundary_name(tick.start), name, events)
+            return state, len(states), f" via the older snapshot below {name} + {events} events"
+        raise RuntimeError(
+            f"tick {tick.number} cannot take over the state of tick {previous} below {boundary_name(tick.start)}: "
+            f"no retained complete snapshot is intact and usable ({'; '.join(failures) or 'none'}); it processes "
+            "nothing rather than start from a wrong state (redeploy with --drop-state to start empty)")
+
+    def _data_dir_or_fail(self) -> Path:
+        if self.data_dir is None:
+            raise RuntimeError("a hand-over needs --data-dir")
+        return self.data_dir
 
     # -- min time: trimming, snapshots, hand-over --------------------------------------------------------------
 
@@ -247,19 +410,35 @@ class WorkerService(rpc.WorkerServicer):
 
     def _retain(self, tick: Tick) -> None:
         """Keep the newest ``snapshot_retention`` complete snapshots of ``tick``; drop what is older, and once
-        ``tick`` has that many, every snapshot of the tick it took over (which it no longer needs)."""
+        ``tick`` has that many, every snapshot of the ticks before it (which it no longer needs).
+
+        Every earlier tick, not just the one handed over: after two quick
+        hand-overs in a row, or a deploy that starts fresh, nothing else
+        would ever delete the older ticks' snapshots — and the fronts keep
+        their input logs from the oldest complete snapshot registered.  Then
+        directories below the oldest kept boundary that no registration names
+        (a worker that stopped between writing and registering) go too.
+        """
         assert self.store is not None and self.data_dir is not None
-        snapshots = self.store.snapshots(tick.number)
-        complete = sorted((boundary_of(b) for b, workers in snapshots.items() if len(workers) >= len(tick.workers)))
+        complete = [boundary_of(b) for b in self.store.complete_snapshots(tick.number, len(tick.workers))]
         if len(complete) < self.snapshot_retention:
             return
         oldest_kept = complete[-self.snapshot_retention]
-        doomed = [(tick.number, b) for b in snapshots if boundary_of(b) < oldest_kept]
-        if tick.previous is not None:
-            doomed += [(tick.previous, b) for b in self.store.snapshots(tick.previous)]
+        doomed = [(tick.number, b) for b in self.store.snapshots(tick.number) if boundary_of(b) < oldest_kept]
+        for number in range(self._swept_ticks, tick.number):
+            doomed += [(number, b) for b in self.store.snapshots(number)]
         for number, boundary in doomed:
             shutil.rmtree(snapshot_dir(self.data_dir, boundary_of(boundary)), ignore_errors=True)
             self.store.forget_snapshot(number, boundary)
+        self._swept_ticks = max(self._swept_ticks, tick.number)
+        with contextlib.suppress(FileNotFoundError):
+            for directory in (self.data_dir / "snapshots").iterdir():
+                try:
+                    below = boundary_of(directory.name) < oldest_kept
+                except ValueError:
+                    continue
+                if below:
+                    shutil.rmtree(directory, ignore_errors=True)
 
     # -- processing --------------------------------------------------------------------------------------------
 
@@ -274,11 +453,12 @@ class WorkerService(rpc.WorkerServicer):
             async with self.lock:
                 await self.step(batches)
 
-    async def step(self, batches: list[pb.ItemBatch]) -> None:
+    async def step(self, batches: list[_Inbound]) -> None:
         acks: Acks = {}
         envelopes: list[Envelope] = []
-        for batch in batches:
-            entries, received = codec.decode_batch(batch)
+        for entries, received, checked in batches:
+            if checked != (self.previous, self.current):
+                entries = self._fitting(entries)
             envelopes.extend(entries)
             codec.xor_into(acks, received)
         if len(batches) > 1:
@@ -296,6 +476,23 @@ class WorkerService(rpc.WorkerServicer):
         await self._take(current, [e for e in envelopes if e[2][1] >= start],
                          {gt: v for gt, v in acks.items() if gt >= start})
 
+    def _fitting(self, envelopes: list[Envelope]) -> list[Envelope]:
+        """``envelopes`` without those that do not fit the deployment taking them.
+
+        ``Exchange`` checked them against the deployments of its time; a tick
+        taken up since (a deploy that starts afresh hands what was in flight to
+        the new graph) may not fit them any more.  Their stream is gone by now,
+        so what does not fit is dropped, with a warning, rather than stop the
+        node; their acks still go, as for an item processed without output.
+        """
+        problem = _misfit(self._placed(envelopes))
+        if problem is None:
+            return envelopes
+        kept = [e for e in envelopes if _misfit(self._placed([e])) is None]
+        self.log.warning("dropped %d of %d envelopes checked before the current tick came: %s",
+                         len(envelopes) - len(kept), len(envelopes), problem)
+        return kept
+
     async def _take(self, deployment: _Deployment, envelopes: list[Envelope], acks: Acks) -> None:
         if not envelopes and not acks:
             return
@@ -311,8 +508,13 @@ class WorkerService(rpc.WorkerServicer):
         while True:
             await asyncio.sleep(LOAD_REPORT_EVERY)
             if self.load != reported:
-                reported = list(self.load)
-                await asyncio.to_thread(self.store.report_load, self.index, reported)
+                current = list(self.load)
+                try:
+                    await asyncio.to_thread(self.store.report_load, self.index, current)
+                except Exception:  # ZooKeeper away: statistics can wait for the next round, the stream cannot
+                    self.log.warning("cannot report the load statistics", exc_info=True)
+                    continue
+                reported = current
 
     async def _process(self, deployment: _Deployment, envelopes: list[Envelope], acks: Acks) -> None:
         tick = deployment.tick
@@ -340,6 +542,46 @@ class WorkerService(rpc.WorkerServicer):
             sent = codec.new_acks({gt_of(e) for e in chunk})
             codec.xor_into(acks, sent)
             await deployment.streams.write(address, method, codec.encode_batch(chunk, sent, self.index))
+
+
+_Inbound = tuple[list[Envelope], Acks, tuple[_Deployment | None, _Deployment | None]]
+"""A decoded batch in the inbox: envelopes, receipt acks, and the (previous, current) deployments they were checked
+against."""
+
+
+def _misfit(placed: list[tuple[_Deployment | None, list[Envelope]]]) -> str | None:
+    """Why envelopes cannot run on the deployment taking them, or None: the codec checked their types and
+    ranges, this is what needs the graph and the tick — an operation index is one of the graph's operations,
+    an operation with a balancing function has the hash it routed by (a grouping keys its state by it), and the
+    global time's front has a barrier (its sink items go there)."""
+    for deployment, envelopes in placed:
+        if not envelopes:
+            continue
+        if deployment is None:
+            return f"{len(envelopes)} envelopes for a tick this worker takes no part in (yet)"
+        plan, tick = deployment.core.plan, deployment.tick
+        ops = set(map(itemgetter(0), envelopes))
+        if max(ops) >= len(plan.kinds):
+            return (f"operation {max(ops)} is not one of the {len(plan.kinds)} operations of tick "
+                    f"{tick.number}'s graph")
+        balanced = {op for op in ops if plan.balances[op] is not None}
+        if balanced:
+            unhashed = balanced.intersection(compress(map(itemgetter(0), envelopes),
+                                                      map(operator.is_, map(itemgetter(1), envelopes), repeat(None))))
+            if unhashed:
+                op = min(unhashed)
+                return f"an envelope for operation {op} ({plan.names[op]}) has no hash, but the operation balances"
+        fronts = set(map(itemgetter(1), map(itemgetter(1), map(itemgetter(2), envelopes))))
+        foreign = fronts - {partition for partition, _address in tick.barriers}
+        if foreign:
+            return f"front {min(foreign)} has no barrier in tick {tick.number}"
+    return None
+
+
+def _caller(context: Any) -> str:
+    """Who called: the gRPC peer, or the node itself for an in-process stream (``LocalContext`` has no peer)."""
+    peer = getattr(context, "peer", None)
+    return str(peer()) if peer is not None else "this node"
 
 
 class WorkerRole:
@@ -375,6 +617,9 @@ class WorkerRole:
     async def deploy(self, tick: Tick) -> None:
         assert self.service is not None
         await self.service.apply_tick(tick)
+
+    def skip_through(self, tick: int) -> None:
+        """Ticks reach this role only through ``deploy``, which the node filters."""
 
     async def close(self) -> None:
         assert self.service is not None

@@ -34,6 +34,7 @@ from flamestream.bench.workloads import WORKLOADS
 SUSTAINABLE_P99_MS = 100.0
 OURS, OURS_OFF = "flamestream", "flamestream (guarantees off)"
 OURS_SEPARATE = "flamestream (a process per role)"
+OURS_TLS = "flamestream (TLS)"
 
 
 @dataclass
@@ -55,6 +56,8 @@ class Options:
     seed: int = 1
     out: Path = Path("bench-results")
     drain_timeout: float = 60.0
+    tls: bool = False
+    """Ours exactly-once also as ``up --tls``, next to the insecure default: what transport security costs."""
 
 
 def _systems(options: Options) -> list[tuple[str, str, bool, int]]:
@@ -65,6 +68,8 @@ def _systems(options: Options) -> list[tuple[str, str, bool, int]]:
         ours.append((OURS, "flamestream", True, first))
         ours += [(f"{OURS} (snapshots {'off' if ms == 0 else f'every {ms} ms'})", "flamestream", True, ms)
                  for ms in others]
+    if options.tls and options.guarantees in ("exactly-once", "both"):
+        ours.append((OURS_TLS, "flamestream-tls", True, first))
     if options.guarantees in ("exactly-once", "both") and options.placement in ("separate", "both"):
         ours.append((OURS_SEPARATE, "flamestream-separate", True, first))
     if options.guarantees in ("off", "both"):
@@ -214,7 +219,7 @@ def _comparisons(main: list[dict[str, Any]]) -> dict[str, float | None]:
         if ours not in by_name:
             continue
         for entry in main:
-            if entry["name"] not in (OURS, OURS_OFF, OURS_SEPARATE):
+            if entry["name"] not in (OURS, OURS_OFF, OURS_SEPARATE, OURS_TLS):
                 out[f"{entry['name']}_p50_over_{'ours' if ours == OURS else 'ours_off'}_p50"] = _ratio(
                     entry.get("p50_ms"), by_name[ours].get("p50_ms"))
     if OURS in by_name and OURS_SEPARATE in by_name:  # what co-locating roles on nodes buys (>1: nodes are faster)

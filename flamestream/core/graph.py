@@ -16,9 +16,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
-from flamestream.core.functions import FunctionRefError, reference
+from flamestream.core.functions import (
+    Allowed,
+    FunctionNotAllowed,
+    FunctionRefError,
+    module_location,
+    process_policy,
+    reference,
+    resolve,
+)
+from flamestream.core.limits import MAX_OUTPUT_BYTES, MAX_OUTPUTS
 
 FnRef = Callable[..., Any] | str
 
@@ -87,7 +97,19 @@ class Graph:
     operations: dict[str, Operation] = field(default_factory=dict)
     edges: list[Edge] = field(default_factory=list)
     sys_path: list[str] = field(default_factory=list)
+    module: str | None = None
+    """The module that defined the graph (found from the caller when not given; the loader sets the graph file's).
+    Shipped with the graph, so the processes that rebuild it trust that module's package (``Allowed.for_graph``)."""
     _faults: list[str] = field(default_factory=list, repr=False)
+    max_outputs: int = MAX_OUTPUTS
+    """Most outputs one map call may produce for one item; beyond it the item is a dead letter
+    (``limits.bounded_outputs``).  Part of the graph so every process cuts the same items."""
+    max_output_bytes: int = MAX_OUTPUT_BYTES
+    """Most estimated bytes of one map call's outputs for one item (``limits.estimated_size``)."""
+
+    def __post_init__(self) -> None:
+        if self.module is None:
+            self.module = _defining_module()
 
     # -- building -----------------------------------------------------------------
 
@@ -197,6 +219,10 @@ class Graph:
                 if op.name not in reached:
                     what = "unreachable sink" if op.kind == "sink" else "unreachable operation"
                     faults.append(f"{what}: {op.kind} {op.name!r} cannot be reached from the source")
+        for limit in ("max_outputs", "max_output_bytes"):
+            value = getattr(self, limit)
+            if type(value) is not int or value < 1:
+                faults.append(f"{limit} must be an integer >= 1, got {value!r}")
         if faults:
             raise GraphError(f"invalid graph {self.name!r}:\n  - " + "\n  - ".join(faults))
         return self
@@ -219,21 +245,49 @@ class Graph:
         return {
             "name": self.name,
             "sys_path": list(self.sys_path),
+            "module": self.module,
             "operations": [op.to_dict() for op in self.operations.values()],
             "edges": [[e.src, e.out, e.dst, e.inp] for e in self.edges],
+            # Only when set, so graphs that keep the defaults serialise as before.
+            **({"max_outputs": self.max_outputs} if self.max_outputs != MAX_OUTPUTS else {}),
+            **({"max_output_bytes": self.max_output_bytes} if self.max_output_bytes != MAX_OUTPUT_BYTES else {}),
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+    def check_functions(self, allowed: Allowed) -> Graph:
+        """Raise ``FunctionNotAllowed`` naming every function reference ``allowed`` (plus the graph's own package)
+        refuses; return self when there is none.
+
+        Called before a graph leaves its author (deploy, run): refusing there
+        gives the author the message instead of a node's log.
+        """
+        _check_functions(self.name, self.module, list(self.operations.values()), allowed)
+        return self
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Graph:
-        """Rebuild and validate a graph shipped as plain data (function paths re-resolved)."""
+    def from_dict(cls, data: dict[str, Any], allowed: Allowed | None = None) -> Graph:
+        """Rebuild and validate a graph shipped as plain data (function paths re-resolved).
+
+        Every reference is checked against ``allowed`` (default: this process's
+        policy, ``process_policy``) plus the graph's own package *before*
+        anything is imported, so data cannot pick the code that runs; a refusal
+        raises ``FunctionNotAllowed`` naming each refused reference.
+        """
         try:
             g = cls(name=str(data.get("name", "graph")), sys_path=[str(p) for p in data.get("sys_path", [])])
+            module = data.get("module")
+            g.module = None if module is None else str(module)  # shipped: never the caller's module
+            g.max_outputs = data.get("max_outputs", MAX_OUTPUTS)
+            g.max_output_bytes = data.get("max_output_bytes", MAX_OUTPUT_BYTES)
             _extend_sys_path(g.sys_path)
-            for raw in data["operations"]:
-                op = Operation(**raw)
+            ops = [Operation(**raw) for raw in data["operations"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GraphError(f"malformed graph data: {exc}") from exc
+        _check_functions(g.name, g.module, ops, process_policy() if allowed is None else allowed)
+        try:
+            for op in ops:
                 for fn in (op.fn, op.balance, op.equivalence):
                     g._ref(fn, f"{op.kind} {op.name!r}")
                 g._add(op)
@@ -251,6 +305,24 @@ class Graph:
         if not isinstance(data, dict):
             raise GraphError("graph JSON must be an object")
         return cls.from_dict(data)
+
+
+def _check_functions(name: str, module: str | None, ops: list[Operation], allowed: Allowed) -> None:
+    """Resolve every string reference of ``ops`` under ``allowed`` plus the package of ``module``; raise
+    ``FunctionNotAllowed`` listing all refusals (other resolution faults are left to ``validate``)."""
+    policy = allowed.for_graph(module, module_location(module) if module else None)
+    refused = []
+    for op in ops:
+        for fn in (op.fn, op.balance, op.equivalence):
+            if isinstance(fn, str):
+                try:
+                    resolve(fn, policy)
+                except FunctionNotAllowed as exc:
+                    refused.append(f"{op.kind} {op.name!r}: {exc}")
+                except FunctionRefError:
+                    pass  # not a policy matter: validate() reports it with the other faults
+    if refused:
+        raise FunctionNotAllowed(f"graph {name!r} uses functions that are not allowed:\n  - " + "\n  - ".join(refused))
 
 
 _PORTS = {"source": (0, 1), "map": (1, 1), "grouping": (1, 1), "sink": (1, 0)}
@@ -291,6 +363,17 @@ def grouping_names(data: dict[str, Any]) -> set[str]:
     """The grouping names of a graph shipped as plain data (``Graph.to_dict``), without resolving (importing) its
     functions: what state is matched by from one tick to the next."""
     return {str(op["name"]) for op in data.get("operations", []) if op.get("kind") == "grouping"}
+
+
+def _defining_module() -> str | None:
+    """The module whose code is constructing a Graph: the first frame outside this module (and dataclasses)."""
+    import sys
+
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
+        frame = frame.f_back
+    name = frame.f_globals.get("__name__") if frame is not None else None
+    return name if isinstance(name, str) else None
 
 
 def _extend_sys_path(paths: list[str]) -> None:

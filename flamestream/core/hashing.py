@@ -8,6 +8,8 @@ processes and machines.
 from __future__ import annotations
 
 import json
+import operator
+import reprlib
 import zlib
 from collections.abc import Mapping, Set
 from typing import Any
@@ -17,9 +19,49 @@ INT32_MAX = (1 << 31) - 1
 
 
 def to_int32(value: int) -> int:
-    """Fold any int into the signed 32-bit range hash ranges are cut from."""
+    """Fold any int into the signed 32-bit range hash ranges are cut from: two's-complement wrap, i.e. the low 32
+    bits read as a signed number (``2**32 + 5 -> 5``, ``2**31 -> -2**31``, ``-1 -> -1``)."""
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value > INT32_MAX else value
+
+
+class BalanceError(TypeError):
+    """A balancing function returned something that is not an integer: that item's failure (its dead letter, or
+    its rejection at the front), like an exception raised by the function."""
+
+
+def as_hash(value: object) -> int:
+    """The int32 hash a balancing function's result stands for; ``BalanceError`` if it stands for none.
+
+    Every place that balances — the front, the cluster worker, the local
+    runtime, the oracle, Spark replay — passes results through here, so they
+    all agree on where an item lives and on which items fail.  Why fold rather
+    than refuse big ints: ``hash``-like arithmetic (``a * 31 + b``) overflows
+    int32 easily and is deterministic, so folding it (``to_int32``: the low 32
+    bits, two's complement) is what the function meant; left unfolded, such a
+    hash lay in no worker's range (a replicated copy kept nowhere, ``Layout.owner``
+    of -1).  Integers are ``int`` and anything with ``__index__`` (numpy
+    integers).  ``bool`` is accepted as the int it is (``True`` is 1): it is
+    deterministic and equal to 1 in every Python, so refusing it would only
+    punish ``lambda p: p["flag"]``.  Anything else — ``None``, ``str``,
+    ``float`` (even ``3.0``: a float hash is usually a bug that rounding would
+    hide) — has no hash.
+    """
+    if type(value) is int:  # the fast path: what stable_hash and nearly every function return
+        return value if INT32_MIN <= value <= INT32_MAX else to_int32(value)
+    try:
+        index = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise BalanceError(f"balancing function returned {_described(value)}, not an integer") from None
+    return to_int32(index)
+
+
+def _described(value: object) -> str:
+    """A short, deterministic text of a bad result for the error message (it ends up in a dead letter)."""
+    kind = type(value).__name__
+    if value is None or type(value) in (str, bytes, float):
+        return f"{reprlib.repr(value)} ({kind})"  # bounded size; str reprs escape lone surrogates
+    return f"a value of type {kind}"  # other reprs (a container's too) may show an address, or fail
 
 
 def stable_hash(payload: Any) -> int:

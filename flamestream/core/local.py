@@ -31,7 +31,7 @@ from flamestream.core.item import Item, envelope_meta, envelope_time, item_meta,
 from flamestream.core.meta import MAX_TIME, GlobalTime
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout
-from flamestream.core.worker import Outbox, Worker, WorkerState, front_envelopes, merge_states
+from flamestream.core.worker import Outbox, Worker, WorkerState, entry_hash, front_envelopes, merge_states
 
 Channel = tuple[str, int, int]
 """("front", front, worker) | ("worker", src, dst) | ("barrier", worker, 0)."""
@@ -188,10 +188,11 @@ class LocalRuntime:
                     if not open_front(front):
                         break
                     _f, gt, trace, payload = queue.popleft()
-                    try:
-                        inputs.append((plan.entry_balance(payload), (payload, gt, trace, False)))
-                    except Exception:
+                    h = entry_hash(plan, payload)  # what the front service refuses, refused here too
+                    if h is None:
                         result.rejected.append(payload)
+                    else:
+                        inputs.append((h, (payload, gt, trace, False)))
                 for w, envs in front_envelopes(plan, layout, inputs).items():
                     send(("front", front, w), envs, envelope_time)
                 if queue:

@@ -17,8 +17,11 @@ from typing import Any
 from flamestream.core.dead_letter import dead_letter
 from flamestream.core.front import Stamped
 from flamestream.core.graph import Graph
+from flamestream.core.hashing import as_hash
+from flamestream.core.limits import bounded_outputs
 from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, Plan, compile_graph
+from flamestream.core.worker import entry_hash
 
 Output = list[tuple[GlobalTime, Any]]
 Buckets = dict[tuple[int, Hashable], deque[Any]]
@@ -48,9 +51,7 @@ def _run(plan: Plan, stamped: list[Stamped]) -> tuple[Output, list[Any], Buckets
     output: Output = []
     rejected: list[Any] = []
     for _front, gt, _trace, payload in sorted(stamped, key=lambda s: (s[1], s[2])):
-        try:
-            plan.entry_balance(payload)
-        except Exception:
+        if entry_hash(plan, payload) is None:
             rejected.append(payload)
             continue
         stack: list[tuple[int, Any]] = [(plan.entry, payload)]
@@ -62,11 +63,11 @@ def _run(plan: Plan, stamped: list[Stamped]) -> tuple[Output, list[Any], Buckets
                 continue
             try:
                 balance = plan.balances[op]
-                h = balance(p) if balance is not None else None
+                h = as_hash(balance(p)) if balance is not None else None  # folded or failed, as on a worker
                 dst = plan.routes[op][0] if plan.routes[op] else -1
                 if kind == MAP:
                     fn: Any = plan.fns[op]
-                    outs = [(dst, q) for q in fn(p)]
+                    outs = [(dst, q) for q in bounded_outputs(fn(p), plan.max_outputs, plan.max_output_bytes)]
                 elif kind == BROADCAST:
                     outs = [(d, p) for d in plan.routes[op]]
                 elif kind == MERGE:

@@ -3,40 +3,173 @@
 Pure (no I/O), so the local runtime, the oracle, the services and the SDK all
 encode a payload the same way: the bytes a consumer reads do not depend on
 where the record was produced.
+
+Two directions, two policies.  An *event* comes from outside, and what a
+worker could not process or write must be refused at the door, naming the
+event (``check_payload``, used by the front, the SDK and the CLI): a fault found
+later, after the acker took the event's ack, would stall the stream.  A
+*record* comes from business logic that already ran, so refusing is no longer
+possible: ``encode_payload`` always returns bytes, and a payload that cannot be
+written becomes its dead letter instead of an exception that stops a worker.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
 
+from flamestream.core.dead_letter import RECORD, dead_letter, deeper_than
+
+MAX_DEPTH = 64
+"""Events nest arrays/objects at most this deep (``1`` is depth 0, ``[1]`` depth 1).  Generous for data, and it
+leaves business logic plenty of the records' own limit and of Python's recursion limit: events are decoded,
+hashed (``stable_hash`` recurses), pickled between workers and written to the input log, and deep nesting
+(500 levels and more) made some of those raise ``RecursionError`` after the event was admitted."""
+
+MAX_RECORD_DEPTH = 254
+"""Records nest at most this deep (orjson's own limit, so the fast and the fallback encoder agree); a sink
+payload nested deeper becomes a dead letter — at a fixed depth, not wherever the stack happens to run out."""
+
 
 class PayloadError(ValueError):
-    """A client payload is not a JSON value."""
+    """A client payload is not a JSON value, or not one the workers can process and write."""
 
 
 _NATIVE_ONLY = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
 """orjson writes only plain JSON types itself (several times faster than ``json``, and workers encode every
 record); everything else takes the ``json`` path, as before orjson."""
 
+_JSON_KEYS = (str, int, float, type(None))
+"""Dict keys ``json`` writes (as strings; bool is an int); any other key makes the whole dict its ``repr``."""
+
 
 def decode_payload(data: bytes) -> Any:
     """A payload's JSON value: Python's ``json``, which keeps integers of any size exact (orjson reads those
-    beyond 64 bits as floats) and accepts NaN."""
+    beyond 64 bits as floats) and accepts NaN (which ``check_payload`` then refuses, by name)."""
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, integers too long, nesting too deep
         raise PayloadError(f"payload is not valid JSON: {exc}") from exc
 
 
-def encode_payload(payload: Any) -> bytes:
-    """Compact UTF-8 JSON; a value that is not plain JSON (a set, a namedtuple...) is written as its ``repr``.
+def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
+    """Why the event ``value`` must be refused, or None: a lone surrogate in a string (UTF-8 cannot encode it,
+    so neither the input log nor a record could hold it), NaN or ±Infinity (JSON has neither: the input log
+    would hold invalid JSON, and a record would say null where the event said NaN), or arrays/objects
+    (lists, tuples, dicts) nested deeper than ``max_depth`` (see ``MAX_DEPTH``).
 
-    Non-finite floats become null (JSON has no NaN).
+    Iterative, so no nesting can make it raise; a container seen before at the
+    same or a greater depth is not walked again, so shared substructure costs at
+    most one walk per depth, not one per path (``a = [a, a]`` 60 times over), and
+    a cycle ends up too deep.  Other types are not looked into: the encoder
+    writes them as their ``repr``, which escapes surrogates.
+    """
+    if type(value) is str:  # the common event (a line of text): no walk
+        return _str_fault(value)
+    seen: dict[int, int] = {}
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            fault = _str_fault(item)
+            if fault is not None:
+                return fault
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                shown = "NaN" if math.isnan(item) else "Infinity" if item > 0 else "-Infinity"
+                return f"payload holds {shown}, which JSON does not have (send null or a string)"
+        elif isinstance(item, list | tuple | dict):
+            depth += 1
+            if depth > max_depth:
+                return f"payload nests arrays/objects deeper than {max_depth} levels"
+            if seen.get(id(item), 0) >= depth:
+                continue
+            seen[id(item)] = depth
+            if isinstance(item, dict):
+                for key in item:
+                    fault = _str_fault(key) if isinstance(key, str) else None
+                    if fault is not None:
+                        return fault
+                stack.extend((child, depth) for child in item.values())
+            else:
+                stack.extend((child, depth) for child in item)
+    return None
+
+
+def _str_fault(text: str) -> str | None:
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"payload holds a lone surrogate {text[exc.start]!r} (a string's character {exc.start}), "
+                "which UTF-8 cannot encode")
+    return None
+
+
+def encode_event(payload: Any) -> bytes:
+    """An event's JSON for a push; ``PayloadError`` if the front would refuse it (``check_payload``) or it
+    cannot be written at all (e.g. a ``repr`` that raises).  Nothing is turned into a dead letter here: the
+    client is still there to be told."""
+    fault = check_payload(payload)
+    if fault is not None:
+        raise PayloadError(fault)
+    try:
+        return orjson.dumps(payload, option=_NATIVE_ONLY)
+    except orjson.JSONEncodeError:
+        return _encode_fallback(payload)
+
+
+def encode_payload(payload: Any) -> bytes:
+    """A record's bytes: compact UTF-8 JSON, never an exception.
+
+    A value that is not plain JSON (a set, a date...) is written as its
+    ``repr``, and so is a dict with keys JSON cannot have (tuples...), as a
+    whole; a namedtuple is an array, as a tuple.  Non-finite floats become
+    null (JSON has no NaN).  A payload that cannot be written at all — a lone
+    surrogate, nesting deeper than ``MAX_RECORD_DEPTH``, a ``repr`` that
+    raises, an integer too long to print — is written as its dead letter (the
+    operation ``dead_letter.RECORD``): one item's bad output must not stop the
+    worker writing everybody's.
     """
     try:
         return orjson.dumps(payload, option=_NATIVE_ONLY)
-    except orjson.JSONEncodeError:  # a type orjson leaves to us, non-string keys, integers beyond 64 bits
-        return json.dumps(payload, ensure_ascii=False, default=repr, separators=(",", ":")).encode()
+    except orjson.JSONEncodeError:  # a type orjson leaves to us, non-string keys, integers beyond 64 bits...
+        pass
+    try:
+        return _encode_fallback(payload)
+    except PayloadError as exc:
+        return orjson.dumps(dead_letter(RECORD, exc.__cause__ or exc, payload))
+
+
+def _encode_fallback(payload: Any) -> bytes:
+    """``json``'s rules for what orjson refused; ``PayloadError`` for what cannot be written."""
+    try:
+        return json.dumps(_plain(payload, 0), ensure_ascii=False, default=repr, separators=(",", ":")).encode()
+    except PayloadError:
+        raise
+    except Exception as exc:  # UnicodeEncodeError (a lone surrogate), a repr that raises, a 5000-digit int...
+        raise PayloadError(f"payload cannot be written as JSON: {type(exc).__name__}: {exc}") from exc
+
+
+def _plain(value: Any, depth: int) -> Any:
+    """``value`` with what ``json`` would get wrong or choke on fixed: non-finite floats as None (``json``
+    writes ``NaN``, which is not JSON), dicts with keys it cannot write as their ``repr`` (it would raise),
+    nesting beyond ``MAX_RECORD_DEPTH`` refused (it would raise ``RecursionError`` at a depth that depends on
+    the stack).  Everything else is left to ``json.dumps(default=repr)``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list | tuple | dict):
+        if depth >= MAX_RECORD_DEPTH:
+            raise PayloadError(f"payload nests arrays/objects deeper than {MAX_RECORD_DEPTH} levels")
+        if not isinstance(value, dict):
+            return [_plain(item, depth + 1) for item in value]
+        if all(isinstance(key, _JSON_KEYS) for key in value):
+            return {key: _plain(item, depth + 1) for key, item in value.items()}
+        if deeper_than(value, MAX_RECORD_DEPTH - depth):
+            raise PayloadError(f"payload nests containers deeper than {MAX_RECORD_DEPTH} levels")
+        return repr(value)
+    return value

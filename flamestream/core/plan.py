@@ -13,6 +13,7 @@ from typing import Any
 from flamestream.core.functions import resolve
 from flamestream.core.graph import Graph
 from flamestream.core.hashing import stable_hash
+from flamestream.core.limits import MAX_OUTPUT_BYTES, MAX_OUTPUTS
 
 MAP, BROADCAST, MERGE, GROUPING, SINK = range(5)
 _KIND_CODES = {"map": MAP, "broadcast": BROADCAST, "merge": MERGE, "grouping": GROUPING, "sink": SINK}
@@ -33,6 +34,9 @@ class Plan:
     """The operation the source feeds; fronts route by its balancing function."""
     replicated: bool = False
     """Every worker runs the stateless prefix over every input, keeping only its own hash range (see worker)."""
+    max_outputs: int = MAX_OUTPUTS
+    max_output_bytes: int = MAX_OUTPUT_BYTES
+    """The graph's per-item output caps (``limits.bounded_outputs``), the same in every process."""
 
     @property
     def entry_balance(self) -> Callable[[Any], int]:
@@ -84,4 +88,6 @@ def compile_graph(graph: Graph) -> Plan:
         # An unbalanced entry has no owner to prefer, and a replicated stateless prefix hands every
         # grouping one front's items in global-time order: no cross-worker race, so no replays.
         replicated=balances[entry] is None and _stateless_prefix(kinds, balances, routes, entry),
+        max_outputs=graph.max_outputs,
+        max_output_bytes=graph.max_output_bytes,
     )

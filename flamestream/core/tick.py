@@ -94,6 +94,10 @@ class Tick:
     previous: int | None = None
     """The tick whose state this one takes over at ``start`` (its workers' snapshot below ``start``), or None
     for a tick that starts empty: the first one, or a deploy that drops the state."""
+    recovery: bool = False
+    """Published after a crash, by ``flamestream.runtime.recovery``: ``start`` is in the past (the boundary of the
+    last complete snapshot, taken from tick ``previous``), every process is a fresh incarnation, and the fronts
+    send their logged events from ``start`` on again, keeping their stamps."""
 
     def barrier_of(self, front: int) -> str:
         for partition, address in self.barriers:
@@ -104,7 +108,8 @@ class Tick:
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "start": list(self.start), "graph": self.graph,
                 "layout": list(self.layout.starts), "workers": list(self.workers), "fronts": list(self.fronts),
-                "acker": self.acker, "barriers": [[p, a] for p, a in self.barriers], "previous": self.previous}
+                "acker": self.acker, "barriers": [[p, a] for p, a in self.barriers], "previous": self.previous,
+                "recovery": self.recovery}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tick:
@@ -113,6 +118,7 @@ class Tick:
                        layout=Layout(tuple(int(s) for s in data["layout"])),
                        workers=tuple(str(w) for w in data["workers"]), fronts=tuple(int(f) for f in data["fronts"]),
                        acker=str(data["acker"]), barriers=tuple((int(p), str(a)) for p, a in data["barriers"]),
-                       previous=None if data.get("previous") is None else int(data["previous"]))
+                       previous=None if data.get("previous") is None else int(data["previous"]),
+                       recovery=bool(data.get("recovery", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed tick: {exc!r}") from exc

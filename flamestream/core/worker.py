@@ -28,8 +28,11 @@ from typing import Any
 
 from flamestream.core.dead_letter import dead_letter
 from flamestream.core.grouping import Entries, Grouping
+from flamestream.core.hashing import INT32_MAX, INT32_MIN, as_hash
 from flamestream.core.item import Envelope, Item
+from flamestream.core.limits import bounded_outputs
 from flamestream.core.meta import GlobalTime
+from flamestream.core.payload import check_payload
 from flamestream.core.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, Plan
 from flamestream.core.tick import Layout
 
@@ -38,12 +41,28 @@ WorkerState = dict[str, list[tuple[int, Hashable, Entries]]]
 """Grouping name -> (hash, bucket key, entries) of every bucket: what a tick hands the next one."""
 
 
+def entry_hash(plan: Plan, payload: Any) -> int | None:
+    """The entry hash of an event, or None if a front refuses it: a payload ``check_payload`` faults, or an
+    entry balancing function that raises or returns no integer (``as_hash``).
+
+    The local runtime, the oracle and Spark replay ask this, the front service
+    the same two questions (to name the fault): so all agree on which events
+    never entered the stream, and on where the others go.
+    """
+    if check_payload(payload) is not None:
+        return None
+    try:
+        return as_hash(plan.entry_balance(payload))
+    except Exception:  # business logic: anything can go wrong
+        return None
+
+
 def front_envelopes(plan: Plan, layout: Layout, inputs: list[tuple[int, Item]]) -> dict[int, list[Envelope]]:
     """Where a front sends stamped inputs, given as (entry hash, item): envelopes per worker.
 
-    The owner of the entry hash gets each input, or every worker does when the
-    entry is replicated.  The envelope carries the hash only where the entry
-    uses it (balanced, or marking a replicated copy).
+    The owner of the entry hash (an int32: ``entry_hash``) gets each input, or
+    every worker does when the entry is replicated.  The envelope carries the
+    hash only where the entry uses it (balanced, or marking a replicated copy).
     """
     entry = plan.entry
     if plan.replicated:
@@ -121,7 +140,8 @@ class Worker:
             try:
                 if kind == MAP:
                     fn: Any = fns[op]
-                    outs = [(p, gt, trace + (i,), tomb) for i, p in enumerate(fn(payload))]
+                    results = bounded_outputs(fn(payload), plan.max_outputs, plan.max_output_bytes)  # else dead letter
+                    outs = [(p, gt, trace + (i,), tomb) for i, p in enumerate(results)]
                 elif kind == GROUPING:
                     eq = equivalences[op]
                     outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
@@ -173,15 +193,21 @@ class Worker:
         """Route ``items`` bound to ``dst`` by its balancing function: here, to a remote worker, or dead letter.
 
         A replicated-prefix ``copy`` keeps only what is local: the owner of the rest computes it itself.
-        Returns how many went to remote workers.
+        Returns how many went to remote workers.  The function's result goes through ``as_hash``, as in the
+        oracle: a hash outside int32 would lie in no worker's range (a copy kept by none, ``Layout.owner``
+        -1), and a result that is no integer (None, a str) is the item's failure — its dead letter, with the
+        ack flowing on — not a TypeError that stops the worker.
         """
         sent = 0
         plan = self.plan
         balance: Any = plan.balances[dst]
         lo, hi = self.lo, self.hi
+        smallest, largest = INT32_MIN, INT32_MAX
         for item in items:
             try:
                 h = balance(item[0])
+                if type(h) is not int or not smallest <= h <= largest:  # the common case costs two checks
+                    h = as_hash(h)  # folded into int32, or BalanceError: the same everywhere (see as_hash)
             except Exception as exc:
                 if emits:
                     barrier.append((dead_letter(plan.names[dst], exc, item[0]), item[1], item[2], item[3]))

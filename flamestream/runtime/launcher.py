@@ -30,11 +30,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore, zookeeper_serving
+from flamestream.runtime import tls
+from flamestream.wire.security import Credentials
 
 ZOOKEEPER = "zookeeper"
 
@@ -65,6 +68,8 @@ class StopError(Exception):
 
 
 NODE = "node"
+SUPERVISOR = "supervisor"
+"""The process ``up`` leaves running to restart crashed nodes (``flamestream.runtime.restarts``)."""
 """The role of node processes in the state file (ZooKeeper's process is ``zookeeper``)."""
 
 PLACEMENTS = ("nodes", "separate")
@@ -114,10 +119,13 @@ def plan_nodes(nodes: int, fronts: int = 1, placement: str = "nodes") -> list[No
 
 def node_args(plan: NodePlan, *, zookeeper: str, cluster: str, data_dir: str, host: str = "127.0.0.1",
               port: int = 0, exactly_once: bool = True, log_file: str | None = None,
-              log_format: str = "text", snapshot_interval_ms: int = DEFAULT_SNAPSHOT_INTERVAL_MS) -> list[str]:
+              log_format: str = "text", snapshot_interval_ms: int = DEFAULT_SNAPSHOT_INTERVAL_MS,
+              allow_modules: Iterable[str] = (), log_segment_bytes: int | None = None,
+              tls_dir: str | None = None) -> list[str]:
     """Interpreter arguments (after ``python``) that run one node: the one place a plan becomes a command line.
 
     ``exactly_once=False`` makes barriers release on arrival (guarantees off).
+    ``allow_modules``: the node's ``--allow-module`` list (modules its graphs may use besides their own package).
     """
     args = ["-m", "flamestream", NODE, "--zookeeper", zookeeper, "--cluster", cluster, "--name", plan.name,
             "--host", host, "--port", str(port)]
@@ -130,10 +138,16 @@ def node_args(plan: NodePlan, *, zookeeper: str, cluster: str, data_dir: str, ho
         args += ["--release", "on-arrival"]
     if plan.worker is not None and snapshot_interval_ms != DEFAULT_SNAPSHOT_INTERVAL_MS:
         args += ["--snapshot-interval-ms", str(snapshot_interval_ms)]
+    if plan.front is not None and log_segment_bytes is not None:
+        args += ["--log-segment-bytes", str(log_segment_bytes)]
     if log_file is not None:
         args += ["--log-file", log_file]
     if log_format != "text":
         args += ["--log-format", log_format]
+    for module in allow_modules:
+        args += ["--allow-module", module]
+    if tls_dir:
+        args += ["--tls-dir", tls_dir]
     return args
 
 
@@ -155,6 +169,10 @@ class ProcessRecord:
     helpers: list[tuple[int, str | None]] = field(default_factory=list)
     members: list[tuple[str, str]] = field(default_factory=list)
     """(role, member name) a node hosts."""
+    args: list[str] = field(default_factory=list)
+    """Its command line after the interpreter: how the supervisor starts it again."""
+    restarts: int = 0
+    """How often the supervisor restarted it after a crash."""
 
 
 @dataclass
@@ -167,6 +185,12 @@ class ClusterState:
     log_format: str = "text"
     snapshot_interval_ms: int = DEFAULT_SNAPSHOT_INTERVAL_MS
     """How ``up`` started the nodes: nodes that ``scale`` adds later start the same way."""
+    allow_modules: list[str] = field(default_factory=list)
+    """The nodes' ``--allow-module`` list (kept so that nodes ``scale`` adds run the same graphs)."""
+    log_segment_bytes: int | None = None
+    """The fronts' input-log segment size (None: the node's default)."""
+    tls_dir: str = ""
+    """The credentials directory of a ``--tls`` cluster ("" = insecure); ``scale`` starts nodes with it too."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -180,12 +204,14 @@ class ClusterState:
         return cls(cluster=str(data["cluster"]), zookeeper=str(data["zookeeper"]),
                    own_zookeeper=bool(data["own_zookeeper"]), processes=records,
                    exactly_once=bool(data.get("exactly_once", True)), log_format=str(data.get("log_format", "text")),
-                   snapshot_interval_ms=int(data.get("snapshot_interval_ms", DEFAULT_SNAPSHOT_INTERVAL_MS)))
+                   snapshot_interval_ms=int(data.get("snapshot_interval_ms", DEFAULT_SNAPSHOT_INTERVAL_MS)),
+                   allow_modules=[str(m) for m in data.get("allow_modules", [])],
+                   log_segment_bytes=data.get("log_segment_bytes"), tls_dir=str(data.get("tls_dir", "")))
 
     def endpoints(self) -> list[tuple[str, str]]:
         """(name, address and hosted members) of ZooKeeper and every node, in start order."""
         nodes = [(p.name, f"{p.address}  {' '.join(name for _, name in p.members)}")
-                 for p in self.processes if p.role != ZOOKEEPER]
+                 for p in self.processes if p.role == NODE]
         return [(ZOOKEEPER, self.zookeeper), *nodes]
 
 
@@ -325,8 +351,10 @@ def stop_cluster(state: ClusterState) -> list[str]:
     their ephemeral membership) while ZooKeeper is still there to hear it.
     Raises StopError if a process survives SIGKILL or cannot be signalled.
     """
-    services = [p for p in state.processes if p.role != ZOOKEEPER]
+    supervisor = [p for p in state.processes if p.role == SUPERVISOR]
+    services = [p for p in state.processes if p.role not in (ZOOKEEPER, SUPERVISOR)]
     zookeeper = [p for p in state.processes if p.role == ZOOKEEPER]
+    _stop_group(supervisor, SERVICE_GRACE)  # first, or it would restart what is being stopped
     _stop_group(services, SERVICE_GRACE)
     _stop_group(zookeeper, ZOOKEEPER_GRACE)
     addresses = [p.address for p in state.processes if p.address]
@@ -373,6 +401,14 @@ class UpOptions:
     timeout: float = DEFAULT_TIMEOUT
     exactly_once: bool = True
     """False: barriers release on arrival (guarantees off, for benchmarks against peers without them)."""
+    allow_modules: tuple[str, ...] = ()
+    """Every node's ``--allow-module``: modules the graphs may use besides their own package."""
+    log_segment_bytes: int | None = None
+    """The fronts' input-log segment size (None: the node's default, 64 MiB)."""
+    tls_dir: Path | None = None
+    """``up --tls``: credentials are created here (what is missing) and every node serves mTLS with them."""
+    supervise: bool = True
+    """Leave a supervisor running that restarts crashed nodes (``flamestream.runtime.restarts``)."""
 
 
 class _Launcher:
@@ -398,7 +434,7 @@ class _Launcher:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     cwd=self.data_dir, env=self.env, start_new_session=True)
         record = ProcessRecord(role=role, name=name, pid=proc.pid, started=start_time(proc.pid), log=str(log or output),
-                               output=str(output))
+                               output=str(output), args=args)
         self.popen[name] = proc
         self.state.processes.append(record)
         save_state(self.data_dir, self.state)
@@ -445,7 +481,8 @@ class _Launcher:
             record = self.spawn(NODE, plan.name, node_args(
                 plan, zookeeper=self.state.zookeeper, cluster=self.state.cluster, data_dir=str(self.data_dir),
                 exactly_once=self.state.exactly_once, log_file=str(log), log_format=self.state.log_format,
-                snapshot_interval_ms=self.state.snapshot_interval_ms), log)
+                snapshot_interval_ms=self.state.snapshot_interval_ms, allow_modules=self.state.allow_modules,
+                log_segment_bytes=self.state.log_segment_bytes, tls_dir=self.state.tls_dir or None), log)
             record.members = plan.members()
             records.append(record)
         save_state(self.data_dir, self.state)
@@ -476,7 +513,7 @@ class _Launcher:
         for record in nodes:
             while True:
                 self.check_running(record)
-                status = _health(record.address)
+                status = _health(record.address, self.state.tls_dir or None)
                 if status == "SERVING":
                     break
                 if time.monotonic() >= deadline:
@@ -488,13 +525,14 @@ class _Launcher:
 _HEALTH_CHECK = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/Check"
 
 
-def _health(address: str) -> str:
-    """The health status name of ``address``, or why it could not be asked.
+def _health(address: str, tls_dir: str | None = None) -> str:
+    """The health status name of ``address``, or why it could not be asked (over TLS as a client with ``tls_dir``).
 
     Called through the method path because the typing stubs of the generated
     HealthStub declare no methods.
     """
-    with grpc.insecure_channel(address) as channel:
+    with (grpc.secure_channel(address, Credentials.load(tls_dir).channel_credentials(with_tokens=False))
+          if tls_dir else grpc.insecure_channel(address)) as channel:
         check = channel.unary_unary(_HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
                                     response_deserializer=health_pb2.HealthCheckResponse.FromString)
         try:
@@ -515,31 +553,63 @@ def start_cluster(options: UpOptions) -> ClusterState:
     (data_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
     state = ClusterState(cluster=options.cluster, zookeeper=options.zookeeper or "",
                          own_zookeeper=options.zookeeper is None, exactly_once=options.exactly_once,
-                         log_format=options.log_format, snapshot_interval_ms=options.snapshot_interval_ms)
+                         log_format=options.log_format, snapshot_interval_ms=options.snapshot_interval_ms,
+                         allow_modules=list(options.allow_modules), log_segment_bytes=options.log_segment_bytes,
+                         tls_dir=str(options.tls_dir.resolve()) if options.tls_dir else "")
+    plans = plan_nodes(options.nodes, options.fronts, options.placement)
+    if options.tls_dir is not None:
+        tls.init(options.tls_dir, [(plan.name, "127.0.0.1") for plan in plans])
     launcher = _Launcher(options, state)
     deadline = time.monotonic() + options.timeout
     try:
         if options.zookeeper is None:
             launcher.start_zookeeper(deadline)
         store = ClusterStore(state.zookeeper, cluster=options.cluster,
-                             timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+                             timeout=max(1.0, min(10.0, deadline - time.monotonic())), **store_auth(state))
         try:
             store.start()
         except TimeoutError as exc:
             own = [p.log for p in state.processes if p.role == ZOOKEEPER]
             raise StartError(ZOOKEEPER, str(exc), *own[:1]) from None
         try:
-            nodes = launcher.start_nodes(plan_nodes(options.nodes, options.fronts, options.placement))
+            _refuse_live_cluster(store, data_dir)
+            nodes = launcher.start_nodes(plans)
             launcher.wait_registered(store, deadline, nodes)
         finally:
             store.stop()
         launcher.wait_serving(deadline, nodes)
+        if options.supervise:
+            launcher.spawn(SUPERVISOR, SUPERVISOR, ["-m", "flamestream", "supervise", "--data-dir", str(data_dir)])
     except BaseException:
         with contextlib.suppress(StopError):
             stop_cluster(state)
         state_path(data_dir).unlink(missing_ok=True)
         raise
     return state
+
+
+def store_auth(state: ClusterState) -> dict[str, Any]:
+    """ClusterStore keywords of the launcher's own session: the ``service`` identity of a ``--tls`` cluster,
+    so the subtree it creates first is guarded from the start."""
+    if not state.tls_dir:
+        return {}
+    credentials = Credentials.load(state.tls_dir)
+    return {"auth": credentials.zookeeper_auth("service"), "writers": list(credentials.zookeeper.values())}
+
+
+def _refuse_live_cluster(store: ClusterStore, data_dir: Path) -> None:
+    """Refuse to start a cluster whose name another live cluster already uses in this ZooKeeper.
+
+    Members a crashed run of this very cluster left behind (same host, same data
+    dir) are not in the way: the new nodes replace them (``Node._register``).
+    """
+    here = {"host": socket.gethostname(), "data_dir": str(data_dir.resolve())}
+    foreign = sorted(f"{role}/{name} ({info.get('address', '?')}, data dir {info.get('data_dir', '?')})"
+                     for role in SERVICE_ROLES for name, info in store.members(role).items()
+                     if any(info.get(key) != value for key, value in here.items()))
+    if foreign:
+        raise StartError(NODE, f"cluster {store.cluster!r} already runs in ZooKeeper {store.hosts}: "
+                               f"{', '.join(foreign)}; stop it or choose another --cluster")
 
 
 def add_nodes(data_dir: Path, state: ClusterState, plans: list[NodePlan],
@@ -549,7 +619,7 @@ def add_nodes(data_dir: Path, state: ClusterState, plans: list[NodePlan],
     deadline = time.monotonic() + timeout
     nodes: list[ProcessRecord] = []
     try:
-        with ClusterStore(state.zookeeper, cluster=state.cluster) as store:
+        with ClusterStore(state.zookeeper, cluster=state.cluster, **store_auth(state)) as store:
             nodes = launcher.start_nodes(plans)
             launcher.wait_registered(store, deadline, nodes)
         launcher.wait_serving(deadline, nodes)
@@ -560,10 +630,28 @@ def add_nodes(data_dir: Path, state: ClusterState, plans: list[NodePlan],
 
 
 def remove_nodes(data_dir: Path, state: ClusterState, nodes: list[ProcessRecord]) -> None:
-    """Stop ``nodes`` (SIGTERM, then SIGKILL) and drop them from the state file."""
-    _stop_group(nodes, SERVICE_GRACE)
+    """Drop ``nodes`` from the state file, then stop them (SIGTERM, then SIGKILL): in that order, so the
+    supervisor never sees them gone while still recorded, and restarts none of them."""
     state.processes = [p for p in state.processes if p not in nodes]
     save_state(data_dir, state)
+    _stop_group(nodes, SERVICE_GRACE)
+
+
+def respawn(data_dir: Path, record: ProcessRecord) -> None:
+    """Start ``record``'s process again, with its arguments and on the port it had, so its address in the
+    cluster's records and ticks stays right; its pid, start time and restart count are updated."""
+    args = list(record.args)
+    if record.address and "--port" in args:
+        args[args.index("--port") + 1] = record.address.rpartition(":")[2]
+    argv = [sys.executable, *args]
+    with open(record.output, "ab") as out:
+        out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} restart {record.restarts + 1}: "
+                  f"{shlex.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=data_dir, env=_child_env(), start_new_session=True)
+    record.pid, record.started = proc.pid, start_time(proc.pid)
+    record.restarts += 1
 
 
 def format_endpoints(endpoints: Iterable[tuple[str, str]]) -> str:

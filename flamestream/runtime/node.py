@@ -21,7 +21,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
+import os
 import signal
+import socket
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,13 +33,24 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from flamestream.cluster import ClusterStore
+from flamestream.core.functions import check_module_name
 from flamestream.core.tick import Tick
-from flamestream.runtime import logs
+from flamestream.runtime import logs, recovery
 from flamestream.runtime.channels import LocalEndpoints
 from flamestream.runtime.supervision import Supervisor
+from flamestream.wire import transport
+from flamestream.wire.security import AuthInterceptor, Credentials
 from flamestream.wire.transport import GRPC_OPTIONS
 
 log = logs.role_logger("node")
+
+
+RECOVERY_POLL = 0.25
+"""Seconds between looks for restarted peers (recovery starts within this of a restarted process registering)."""
+
+
+class PeerRestarted(Exception):
+    """A process of the running tick restarted: this node's state is of a stream that no longer exists."""
 
 
 class Role(Protocol):
@@ -60,24 +75,44 @@ class Role(Protocol):
 
     async def deploy(self, tick: Tick) -> None: ...
 
+    def skip_through(self, tick: int) -> None:
+        """Never take ticks up to ``tick``: this process started after them and waits for the recovery tick
+        (only roles that learn of ticks outside ``deploy`` need to do anything)."""
+        ...
+
     async def close(self) -> None: ...
 
 
 class Node:
     def __init__(self, name: str, roles: list[Role], store: ClusterStore, local: LocalEndpoints, *,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
-        """``roles`` were built around ``local`` (their in-process peers) and ``store`` (the node's session)."""
+                 host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = None,
+                 credentials: Credentials | None = None) -> None:
+        """``roles`` were built around ``local`` (their in-process peers) and ``store`` (the node's session).
+
+        ``credentials`` (a ``--tls`` node): serve mTLS, check every call (``AuthInterceptor``) and present the
+        node certificate on every channel to a peer; None serves plaintext, as an insecure cluster does.
+        """
+        self.credentials = credentials
+        self.data_dir = data_dir
+        self._lock_fd = -1
         self.name = name
         self.roles = roles
         self.host = host
         self.port = port
         self.store = store
-        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthInterceptor(credentials.tokens)]
+                                      if credentials is not None else None)
+        if credentials is not None:
+            transport.use_tls(credentials.channel_credentials(with_tokens=False))
         self.health = health.aio.HealthServicer()
         self.supervisor = Supervisor(self.health)
         self.local = local
         self._ticks: asyncio.Queue[Tick] = asyncio.Queue()
         self._stopped = asyncio.Event()
+        self.recovering: int | None = None
+        """The latest tick when this process started, if it is one of that tick's (so it waits for recovery)."""
+        self.applied: int | None = None
+        """The latest tick this node's roles took."""
 
     async def start(self) -> str:
         """Serve, register every role in ZooKeeper, start following ticks; returns the advertised address."""
@@ -88,18 +123,22 @@ class Node:
         for role in self.roles:
             role.register(self.server, self.local)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        bind = f"{self.host}:{self.port}"
+        port = (self.server.add_secure_port(bind, self.credentials.server_credentials()) if self.credentials
+                else self.server.add_insecure_port(bind))
         if port == 0:
             raise SystemExit(f"node {self.name}: cannot bind {self.host}:{self.port}")
         self.local.address = f"{self.host}:{port}"
         await self.server.start()
         await self.supervisor.serving([role.name for role in self.roles])
-        for role in self.roles:
-            await asyncio.to_thread(self.store.register, role.kind, role.name,
-                                    {"address": self.local.address, "node": self.name, **role.info()})
+        await self._register()
         loop = asyncio.get_running_loop()
 
         def on_tick(number: int, data: dict[str, Any]) -> None:  # kazoo's thread
+            if self.recovering is not None and number <= self.recovering:
+                loop.call_soon_threadsafe(log.info, "not taking tick %d over: this process started after it, so "
+                                          "it waits for the recovery tick", number)
+                return
             try:
                 tick = Tick.from_dict({**data, "number": number})
             except ValueError as exc:
@@ -111,11 +150,73 @@ class Node:
         for role in self.roles:
             role.start(self.supervisor)
         self.supervisor.spawn("node", "tick follower", self._follow_ticks(), essential=True)
+        self.supervisor.spawn("node", "recovery watch", self._watch_recovery(), essential=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopped.set)
         log.info("serving %s at %s", ", ".join(role.name for role in self.roles), self.local.address)
         print(f"ready {self.name} {self.local.address}", flush=True)  # the launcher's and tests' start signal
         return self.local.address
+
+    async def _register(self) -> None:
+        """Register every role; a member left by a dead incarnation of this node is replaced.
+
+        Dead means: this node holds its data dir's node lock (``_lock``), so no
+        other live process of this name and data dir exists, and the member's
+        session simply has not expired yet (kill -9, then a restart within the
+        session timeout).  Without a data dir there is no lock: wait for the old
+        session to expire instead.
+        """
+        identity = {"node": self.name, "host": socket.gethostname(),
+                    "data_dir": str(self.data_dir.resolve()) if self.data_dir else ""}
+        ran_before = self.data_dir is not None and self._lock_path().exists()
+        locked = self._lock()
+        latest = await asyncio.to_thread(self.store.latest_tick) if ran_before else None
+        if latest is not None:
+            tick = Tick.from_dict({**latest[1], "number": latest[0]})
+            if any(recovery.in_roster(tick, role.kind, role.info()) for role in self.roles):
+                self.recovering = latest[0]
+                for role in self.roles:
+                    role.skip_through(latest[0])
+                log.warning("tick %d runs with this node's roles: this is a restart, so the cluster recovers",
+                            latest[0])
+
+        def stale(held: dict[str, Any]) -> bool:
+            return locked and all(held.get(key) == value for key, value in identity.items())
+
+        deadline = time.monotonic() + self.store.timeout + 5
+        for role in self.roles:
+            info = {"address": self.local.address, **identity, **role.info()}
+            if self.recovering is not None:
+                info[recovery.RECOVERING] = self.recovering
+            while True:
+                try:
+                    await asyncio.to_thread(self.store.register, role.kind, role.name, info, stale=stale)
+                    break
+                except ValueError as exc:
+                    if time.monotonic() >= deadline:
+                        raise SystemExit(f"node {self.name}: {exc}") from None
+                    log.warning("%s; waiting for its session to expire", exc)
+                    await asyncio.sleep(0.5)
+
+    def _lock_path(self) -> Path:
+        """The node lock; that it exists at all says this node ran on this data dir before (a restart)."""
+        assert self.data_dir is not None
+        return self.data_dir / "nodes" / f"{self.name}.lock"
+
+    def _lock(self) -> bool:
+        """Hold ``DIR/nodes/<name>.lock`` for the process's life; exit if a live node of this name holds it."""
+        if self.data_dir is None:
+            return False
+        path = self._lock_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SystemExit(f"node {self.name} already runs on data dir {self.data_dir}") from None
+        self._lock_fd = fd  # released by the kernel when the process ends, however it ends
+        return True
 
     async def _follow_ticks(self) -> None:
         """Hand every tick to every role, in order; a role that cannot take a tick is NOT_SERVING, not the node."""
@@ -126,6 +227,24 @@ class Node:
                     await role.deploy(tick)
                 except Exception as exc:
                     self.supervisor.fail(role.name, f"cannot deploy tick {tick.number}", exc)
+                else:
+                    # A bad tick (a graph that cannot be loaded) is over once a good one is deployed.
+                    await self.supervisor.recovered(role.name, "cannot deploy tick")
+            self.applied = tick.number
+
+    async def _watch_recovery(self) -> None:
+        """Restart (exit 1) when a peer of the running tick restarted; publish the recovery tick once all did
+        (``flamestream.runtime.recovery``).  ZooKeeper away: look again later, the stream does not need it."""
+        while True:
+            await asyncio.sleep(RECOVERY_POLL)
+            try:
+                verdict = await asyncio.to_thread(recovery.check, self.store, self.applied)
+            except Exception:
+                log.warning("cannot check for restarted peers", exc_info=True)
+                continue
+            if verdict.restarted is not None:
+                raise PeerRestarted(f"{verdict.restarted} of tick {self.applied} restarted and lost its state: "
+                                    "this node restarts too, for the recovery from the last complete snapshot")
 
     async def run(self) -> int:
         """Start, serve until SIGTERM/SIGINT or an essential failure, stop; returns the exit code."""
@@ -151,6 +270,9 @@ class Node:
         await self.server.stop(grace=1.0)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.store.stop)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
         log.info("stopped")
 
 
@@ -167,3 +289,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", choices=logs.FORMATS, default="text", help="text (default) or json lines")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="default INFO")
+    parser.add_argument("--tls-dir", type=Path, help="serve mTLS with the credentials here (`up --tls` makes "
+                        "DIR/tls); the node's certificate nodes/<name>.pem is issued for --host if missing")
+    add_allow_module_argument(parser)
+
+
+def allow_module(text: str) -> str:
+    """An argparse type: a dotted module name (``--allow-module``)."""
+    try:
+        return check_module_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_allow_module_argument(parser: argparse.ArgumentParser) -> None:
+    """``--allow-module``, shared by ``node``/``up`` (what a node executes) and ``deploy``/``run`` (checked early).
+
+    Each process checks graphs with its own list: a node never trusts the
+    list of whoever deployed, since anyone who can write a tick could claim one.
+    """
+    parser.add_argument("--allow-module", action="append", default=[], type=allow_module, metavar="PREFIX",
+                        help="graph functions may also come from this module and its submodules (repeatable); by "
+                             "default only the graph's own package and flamestream.core.hashing. A standard-library "
+                             "module is allowed only when named exactly (e.g. --allow-module math)")

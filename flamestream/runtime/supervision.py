@@ -74,6 +74,18 @@ class Supervisor:
         if essential:
             self.fatal.set()
 
+    async def recovered(self, role: str, reason: str) -> None:
+        """``role`` is SERVING again if its only failure started with ``reason`` (one that a later success ends,
+        such as a tick it could not deploy); the node too, once no role has failed."""
+        failure = self.failures.get(role)
+        if failure is None or not failure.startswith(reason):
+            return
+        del self.failures[role]
+        role_logger(role).info("%s is SERVING again", role)
+        await self.health.set(role, SERVING)
+        if not self.failures:
+            await self.health.set("", SERVING)
+
     async def stop(self) -> None:
         """Cancel every task still running and wait for them: the node is shutting down."""
         self.stopping = True

@@ -46,7 +46,7 @@ from flamestream.core.meta import MIN_TIME, GlobalTime
 from flamestream.core.payload import encode_payload
 from flamestream.core.plan import GROUPING, Plan, compile_graph
 from flamestream.core.tick import Layout, Tick
-from flamestream.core.worker import Worker, WorkerState
+from flamestream.core.worker import Worker, WorkerState, entry_hash
 from flamestream.runtime.heap import tune_gc
 from flamestream.spark.progress import Progress
 from flamestream.storage.snapshots import SnapshotError, read_snapshot
@@ -272,7 +272,7 @@ def entry_pass(graph_json: str, partitions: int, batches: Iterable[Any]) -> Iter
     groupings = _groupings(plan)
     worker = Worker(plan, 0, Layout.even(1), groupings)
     rows = Rows(Layout.even(partitions))
-    entry, balance = plan.entry, plan.entry_balance
+    entry = plan.entry
     keep_hash = plan.replicated or plan.balances[entry] is not None
     for batch in batches:
         columns = batch.to_pydict()
@@ -281,9 +281,8 @@ def entry_pass(graph_json: str, partitions: int, batches: Iterable[Any]) -> Iter
         for front, ts, seq, text in zip(columns["front"], columns["ts"], columns["seq"], columns["payload"],
                                         strict=True):
             payload = json.loads(text)
-            try:
-                h = balance(payload)
-            except Exception:  # the front refuses such an event: it never entered the stream
+            h = entry_hash(plan, payload)  # an int32, as the front stamped it, or None as the oracle says
+            if h is None:  # the front refuses such an event: it never entered the stream
                 rows.add(REJECTED, -1, None, ts, front, (), text.encode())
                 continue
             envelopes.append((entry, h if keep_hash else None, (payload, GlobalTime(ts, front), (seq,), False)))
@@ -554,6 +553,7 @@ def replay(spark: Any, input_log: str | Path, out: str, *, graph: Graph | None =
     tick_list = list(ticks) if ticks is not None else None
     if snapshot is not None:
         start, snapshot_files = check_snapshot(spark, Path(snapshot), tick_list)
+    check_log(input_log, start)
     if tick_list is not None:
         intervals = intervals_of_ticks(tick_list, after=start)
     else:
@@ -650,6 +650,24 @@ def _collect(pending: dict[int, list[Any]], tagged: Any, counts: Mapping[tuple[i
     for (kind, op), n in counts.items():
         if kind == CUT:
             pending.setdefault(op, []).append((tagged.filter(f"kind = {CUT} AND op = {op}"), n))
+
+
+def check_log(input_log: str | Path, start: GlobalTime | None) -> None:
+    """ReplayError unless every front's input log still holds every event from ``start`` on (None: all of them).
+
+    Retention deletes the events below the oldest retained snapshot, so a replay of the whole log, or from a
+    snapshot older than what was deleted, would run on part of its input and release a wrong output without a
+    word: it is refused, naming the log and where to start instead.
+    """
+    from flamestream.spark.source import front_logs
+    from flamestream.storage.input_log import check_covers
+    from flamestream.storage.log import LogError
+
+    for directory in front_logs(input_log).values():
+        try:
+            check_covers(directory, start)
+        except LogError as exc:
+            raise ReplayError(str(exc)) from None
 
 
 def check_snapshot(spark: Any, directory: Path, ticks: list[Tick] | None) -> tuple[GlobalTime, list[str]]:

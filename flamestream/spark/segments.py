@@ -11,7 +11,8 @@ u32 crc32, payload``; its dense ``.index`` holds each record's u64 byte
 position, and a record exists for readers once its index entry does.  This
 reader lists the segments that are there instead of requiring the first one to
 start at offset 0, so a log whose oldest segments were removed (retention)
-still reads from where it begins.
+still reads from where it begins; segments below the start its truncation
+marker records (``start.json``) are being deleted and are left out.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from flamestream.storage.log import LogError
+from flamestream.storage.log import LogError, read_start
 
 _HEADER = struct.Struct("<II")
 _ENTRY = struct.Struct("<Q")
@@ -43,8 +44,10 @@ class Segment:
 
 def list_segments(directory: Path) -> list[Segment]:
     """The log's segments in offset order, each with the records published in it now."""
-    bases = sorted(int(p.stem) for p in directory.iterdir()
-                   if p.suffix == ".log" and len(p.stem) == 20 and p.stem.isdigit())
+    start, _meta = read_start(directory)
+    bases = sorted(base for base in (int(p.stem) for p in directory.iterdir()
+                                     if p.suffix == ".log" and len(p.stem) == 20 and p.stem.isdigit())
+                   if base >= start)
     segments: list[Segment] = []
     for i, base in enumerate(bases):
         try:

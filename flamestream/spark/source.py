@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from flamestream.core.meta import GlobalTime
 from flamestream.core.payload import decode_payload, encode_payload
 from flamestream.spark.segments import Segment, end_offset, list_segments, read_one, read_range, slices
-from flamestream.storage.input_log import decode_record
+from flamestream.storage.input_log import check_covers, decode_record
 from flamestream.wire import flamestream_pb2 as pb
 
 SCHEMA = "partition INT, offset BIGINT, ts BIGINT, front INT, payload STRING"
@@ -244,6 +244,7 @@ def input_slices(path: str | Path, *, start: GlobalTime | None = None, stop: Glo
     chosen: list[tuple[Path, int, list[Segment], list[Segment]]] = []
     total = 0
     for front, directory in front_logs(path).items():
+        check_covers(directory, start)  # a log retention cut after ``start`` would silently miss events
         segments = [s for s in list_segments(directory) if s.count]
         firsts = [_record_time(directory, segments, s.base) for s in segments] if start or stop else []
         keep = [s for i, s in enumerate(segments)

@@ -44,23 +44,42 @@ Limitations, by design:
   acknowledged.  Callers must tolerate an unacknowledged prefix.
 * One writer per directory, enforced with ``flock`` (POSIX); any number of
   read-only instances in any process.
+
+Truncation (retention): ``truncate_before(offset)`` deletes whole sealed
+segments below ``offset``.  Offsets never shift, so the log then starts at the
+base of its first remaining segment, and that start is recorded *before* any
+file goes, durably, in ``start.json`` (written to a temporary name, fsynced,
+renamed, the directory fsynced): ``{"start": N, "meta": {...}}``.  Why a
+marker rather than "whatever the first segment is": a missing first segment
+is otherwise indistinguishable from lost data, which recovery must refuse; with
+the marker, a gap below N is deliberate and a gap at or above N is still
+corruption.  Segments below N that are still there (a crash between writing
+the marker and deleting them) are ignored by readers and deleted by the next
+writer.  Reading below the start raises ``LogError`` saying the records were
+deleted on purpose, never an empty result, so no reader mistakes a truncated
+log for a complete one.  ``meta`` is the caller's: what it must remember of the
+deleted records (the fronts keep their producers' last sequences there).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import struct
 import zlib
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 _HEADER = struct.Struct("<II")
 _ENTRY = struct.Struct("<Q")
 _MAX_RECORD = 0xFFFFFFFF
 _LOG_SUFFIX = ".log"
 _INDEX_SUFFIX = ".index"
+START_FILE = "start.json"
+"""The truncation marker: where the log starts and the caller's notes on what went before (module docstring)."""
 
 
 class LogError(Exception):
@@ -75,13 +94,45 @@ def _index_path(directory: Path, base: int) -> Path:
     return directory / f"{base:020d}{_INDEX_SUFFIX}"
 
 
-def _list_bases(directory: Path) -> list[int]:
-    bases = sorted(
-        int(p.stem) for p in directory.iterdir() if p.suffix == _LOG_SUFFIX and len(p.stem) == 20 and p.stem.isdigit()
-    )
-    if bases and bases[0] != 0:
+def read_start(directory: Path) -> tuple[int, dict[str, Any]]:
+    """The log's start offset and the meta its last truncation recorded: (0, {}) for a log never truncated."""
+    try:
+        data = (directory / START_FILE).read_bytes()
+    except FileNotFoundError:
+        return 0, {}
+    try:
+        marker = json.loads(data)
+        start, meta = int(marker["start"]), marker.get("meta", {})
+        if start < 0 or not isinstance(meta, dict):
+            raise ValueError(f"start {start}, meta {type(meta).__name__}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LogError(f"{directory / START_FILE} is damaged ({exc!r}): cannot tell where the log starts") from exc
+    return start, meta
+
+
+def _list_bases(directory: Path) -> tuple[int, dict[str, Any], list[int]]:
+    """(start offset, truncation meta, bases of the segments from the start on), checking nothing is missing."""
+    names = [p.name for p in directory.iterdir()]
+    start, meta = read_start(directory) if START_FILE in names else (0, {})
+    bases = sorted(int(name[: -len(_LOG_SUFFIX)]) for name in names
+                   if name.endswith(_LOG_SUFFIX) and len(name) == 20 + len(_LOG_SUFFIX) and name[:20].isdigit())
+    bases = [base for base in bases if base >= start]  # below: left by a truncation a crash interrupted
+    if bases and bases[0] != start:
+        if start:
+            raise LogError(f"{directory}: the log starts at offset {start} ({START_FILE}) but its first segment "
+                           f"starts at {bases[0]}: segments are missing")
         raise LogError(f"{directory}: first segment starts at offset {bases[0]}, earlier segments are missing")
-    return bases
+    if not bases and start:
+        raise LogError(f"{directory}: the log starts at offset {start} ({START_FILE}) but has no segment there")
+    return start, meta, bases
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _frame(record: bytes) -> bytes:
@@ -134,6 +185,8 @@ class SegmentedLog:
         self._closed = False
         self._failed: BaseException | None = None
         self._bases: list[int] = []
+        self._start = 0
+        self._start_meta: dict[str, Any] = {}
         self._end = 0
         self._dir_fd = -1
         self._log_fd = -1
@@ -160,7 +213,8 @@ class SegmentedLog:
     # -- opening -----------------------------------------------------------------
 
     def _recover(self) -> None:
-        self._bases = _list_bases(self.directory)
+        self._start, self._start_meta, self._bases = _list_bases(self.directory)
+        self._finish_truncation()
         if not self._bases:
             self._create_segment(0)
             return
@@ -227,7 +281,7 @@ class SegmentedLog:
 
     def _refresh(self) -> None:
         """Re-derive the segment list and end from disk, for a reader following another process's writer."""
-        self._bases = _list_bases(self.directory)
+        self._start, self._start_meta, self._bases = _list_bases(self.directory)
         if not self._bases:
             self._end = 0
             return
@@ -292,6 +346,81 @@ class SegmentedLog:
         self._log_fd = self._index_fd = -1
         self._create_segment(self._end)
 
+    # -- truncation --------------------------------------------------------------
+
+    def truncate_before(self, offset: int, meta: dict[str, Any] | None = None) -> int:
+        """Delete the sealed segments wholly below ``offset``; returns the log's start offset afterwards.
+
+        Only whole segments go, and never the active one, so the new start is
+        the base of the segment holding ``offset`` (or of the active segment),
+        which may be below ``offset``: records are kept rather than cut.  The
+        start and ``meta`` (JSON) are made durable before the first file is
+        deleted (see the module docstring); asking for a start at or below the
+        current one changes nothing.  Not to be called concurrently with
+        appends (like them, it is the one writer's).
+        """
+        self._check_open()
+        if self.readonly:
+            raise LogError(f"{self.directory} was opened read-only")
+        if self._failed is not None:
+            raise LogError("an earlier append failed; reopen the log to recover a consistent state") from self._failed
+        if offset < 0 or offset > self._end:
+            raise ValueError(f"offset {offset} is beyond the end of the log (end_offset is {self._end})")
+        if offset <= self._start:
+            return self._start
+        start = self._bases[bisect_right(self._bases, offset) - 1]
+        if start <= self._start:
+            return self._start
+        marker = json.dumps({"start": start, "meta": meta or {}}, ensure_ascii=False).encode()
+        tmp = self.directory / (START_FILE + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(marker)
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, self.directory / START_FILE)
+        if self.fsync:
+            os.fsync(self._dir_fd)  # the marker is in place before any segment goes
+        self._start, self._start_meta = start, dict(meta or {})
+        self._finish_truncation()
+        return start
+
+    def _finish_truncation(self) -> None:
+        """Delete the segments below the start (all of them after ``truncate_before``, leftovers after a crash)."""
+        doomed = sorted(base for base in (int(p.stem) for p in self.directory.iterdir()
+                                          if p.suffix == _LOG_SUFFIX and len(p.stem) == 20 and p.stem.isdigit())
+                        if base < self._start)
+        for base in doomed:  # oldest first: an interruption leaves a contiguous run just below the start
+            _segment_path(self.directory, base).unlink(missing_ok=True)
+            _index_path(self.directory, base).unlink(missing_ok=True)
+        if doomed and self.fsync:
+            os.fsync(self._dir_fd)
+        self._bases = [base for base in self._bases if base >= self._start]
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset still in the log (0 unless it was truncated); for a reader, as on disk when asked."""
+        self._check_open()
+        if self.readonly:
+            self._refresh()
+        return self._start
+
+    @property
+    def start_meta(self) -> dict[str, Any]:
+        """What the last ``truncate_before`` recorded about the records it deleted ({} if none)."""
+        self._check_open()
+        if self.readonly:
+            self._refresh()
+        return dict(self._start_meta)
+
+    @property
+    def segment_bases(self) -> list[int]:
+        """The base offset of every segment from the start on, in order (the last one is being appended to)."""
+        self._check_open()
+        if self.readonly:
+            self._refresh()
+        return list(self._bases)
+
     # -- reading -----------------------------------------------------------------
 
     @property
@@ -303,7 +432,10 @@ class SegmentedLog:
         return self._end
 
     def scan(self, start: int = 0, stop: int | None = None, chunk: int = 10_000) -> Iterator[tuple[int, bytes]]:
-        """Records [start, stop) (stop: the end when the scan began), read ``chunk`` at a time."""
+        """Records [start, stop) (stop: the end when the scan began), read ``chunk`` at a time.
+
+        ``start`` defaults to 0, not to the log's start: a caller that wants the whole history of a truncated
+        log gets an error, not silently less (pass ``start_offset`` to read what is left)."""
         end = self.end_offset if stop is None else stop
         offset = start
         while offset < end:
@@ -322,6 +454,22 @@ class SegmentedLog:
             raise ValueError(f"offset {from_offset} is beyond the end of the log (end_offset is {end})")
         if max_records < 1:
             raise ValueError(f"max_records must be positive, got {max_records}")
+        self._check_start(from_offset)
+        try:
+            return self._read(from_offset, max_records, end)
+        except (OSError, LogError):
+            if not self.readonly:
+                raise
+            self._refresh()  # the writer may have truncated the log under this reader
+            self._check_start(from_offset)
+            raise
+
+    def _check_start(self, offset: int) -> None:
+        if offset < self._start:
+            raise LogError(f"{self.directory}: offset {offset} is below the start of the log ({self._start}): the "
+                           f"records before it were deleted on purpose (retention; see {START_FILE})")
+
+    def _read(self, from_offset: int, max_records: int, end: int) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         offset = from_offset
         segment = bisect_right(self._bases, offset) - 1

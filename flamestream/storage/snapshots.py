@@ -2,9 +2,12 @@
 
 A snapshot is what a new tick (a redeploy, a rescale, a recovery) starts
 from, so a file that is torn or bit-rotted must be *detected*, never loaded:
-the file carries a format version and a SHA-256 of its body, and is written
-to a temporary name, fsynced and renamed (then the directory fsynced), so a
-crash leaves the old file or the new one.  The body is
+the file carries a format version and a SHA-256, and is written to a
+temporary name, fsynced and renamed (then the directory fsynced), so a crash
+leaves the old file or the new one.  The checksum covers the header's fields
+as well as the body (format 2; format 1 covered the body only and is still
+read): a flipped digit in the header would otherwise pass for another
+boundary, worker or tick, and a replay would trust it.  The body is
 ``flamestream.core.values`` in chunks of buckets: exact for tuples and
 non-string keys, and decoding can build only plain values (nothing read back
 may run code).
@@ -27,7 +30,9 @@ from flamestream.core.meta import GlobalTime
 from flamestream.core.worker import WorkerState
 
 MAGIC = b"flamestream-snapshot\n"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
+"""Format versions this build reads: 1 checksummed the body only, 2 also the header's fields."""
 
 
 class SnapshotError(Exception):
@@ -90,16 +95,26 @@ def _state(chunks: list[Any]) -> WorkerState:
     return state
 
 
+def _checksum(fields: dict[str, Any], body: bytes) -> str:
+    """SHA-256 of the header's fields (all but the checksum, in a canonical form) and the body (format 2)."""
+    canonical = json.dumps({k: v for k, v in fields.items() if k != "sha256"}, sort_keys=True,
+                           separators=(",", ":")).encode()
+    digest = hashlib.sha256(canonical + b"\n")
+    digest.update(body)
+    return digest.hexdigest()
+
+
 def write_snapshot(path: Path, state: WorkerState, *, boundary: GlobalTime, worker: int, tick: int) -> SnapshotInfo:
     """Write ``state`` durably and atomically to ``path``; returns its header."""
     body = b"".join(_chunks(state))
-    info = SnapshotInfo(boundary=boundary, worker=worker, tick=tick,
-                        keys=sum(len(buckets) for buckets in state.values()),
-                        items=sum(len(entries) for buckets in state.values() for _h, _k, entries in buckets),
-                        body_bytes=len(body), sha256=hashlib.sha256(body).hexdigest())
-    header = json.dumps({"version": VERSION, "boundary": list(boundary), "worker": worker, "tick": tick,
-                         "keys": info.keys, "items": info.items, "body_bytes": info.body_bytes,
-                         "sha256": info.sha256}).encode() + b"\n"
+    fields: dict[str, Any] = {"version": VERSION, "boundary": list(boundary), "worker": worker, "tick": tick,
+                              "keys": sum(len(buckets) for buckets in state.values()),
+                              "items": sum(len(entries) for buckets in state.values() for _h, _k, entries in buckets),
+                              "body_bytes": len(body)}
+    fields["sha256"] = _checksum(fields, body)
+    info = SnapshotInfo(boundary=boundary, worker=worker, tick=tick, keys=fields["keys"], items=fields["items"],
+                        body_bytes=len(body), sha256=fields["sha256"])
+    header = json.dumps(fields).encode() + b"\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -116,28 +131,37 @@ def write_snapshot(path: Path, state: WorkerState, *, boundary: GlobalTime, work
 
 
 def read_snapshot(path: Path) -> tuple[SnapshotInfo, WorkerState]:
-    """The header and state of the snapshot at ``path``; SnapshotError if it is not whole and intact."""
+    """The header and state of the snapshot at ``path``; SnapshotError naming the file and what is wrong with it
+    if it is not whole and intact (missing, truncated anywhere, a byte changed anywhere, an unknown format)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise SnapshotError(f"snapshot {path} cannot be read: {exc}") from exc
     if not data.startswith(MAGIC):
+        if MAGIC.startswith(data):
+            raise SnapshotError(f"snapshot {path} is truncated: {len(data)} bytes, not even its magic")
         raise SnapshotError(f"{path} is not a flamestream snapshot (bad magic)")
     header_end = data.find(b"\n", len(MAGIC))
+    if header_end < 0:
+        raise SnapshotError(f"snapshot {path} is truncated: {len(data)} bytes end inside its header")
     try:
-        header = json.loads(data[len(MAGIC):header_end])
-        if header["version"] != VERSION:
-            raise SnapshotError(f"snapshot {path} has format version {header['version']}; this build reads "
-                                f"{VERSION}")
-        info = SnapshotInfo(boundary=GlobalTime(*map(int, header["boundary"])), worker=int(header["worker"]),
-                            tick=int(header["tick"]), keys=int(header["keys"]), items=int(header["items"]),
-                            body_bytes=int(header["body_bytes"]), sha256=str(header["sha256"]))
+        fields = json.loads(data[len(MAGIC):header_end])
+        if fields["version"] not in READABLE:
+            raise SnapshotError(f"snapshot {path} has format version {fields['version']}; this build reads "
+                                f"{', '.join(map(str, READABLE))}")
+        info = SnapshotInfo(boundary=GlobalTime(*map(int, fields["boundary"])), worker=int(fields["worker"]),
+                            tick=int(fields["tick"]), keys=int(fields["keys"]), items=int(fields["items"]),
+                            body_bytes=int(fields["body_bytes"]), sha256=str(fields["sha256"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotError(f"snapshot {path} has a damaged header: {exc!r}") from exc
     body = data[header_end + 1:]
-    if len(body) != info.body_bytes:
+    if len(body) < info.body_bytes:
         raise SnapshotError(f"snapshot {path} is truncated: {len(body)} of {info.body_bytes} body bytes")
-    if hashlib.sha256(body).hexdigest() != info.sha256:
+    if len(body) > info.body_bytes:
+        raise SnapshotError(f"snapshot {path} is corrupted: {len(body) - info.body_bytes} bytes after its "
+                            f"{info.body_bytes}-byte body")
+    expected = hashlib.sha256(body).hexdigest() if fields["version"] == 1 else _checksum(fields, body)
+    if expected != info.sha256:
         raise SnapshotError(f"snapshot {path} is corrupted: its checksum does not match")
     try:
         return info, _state(values.decode_all(body))

@@ -18,5 +18,20 @@ ACK = "/flamestream.Acker/Ack"
 """Method paths of the client-streaming calls between cluster members."""
 
 
-def channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+_default_credentials: grpc.ChannelCredentials | None = None
+"""The node's own TLS identity (``use_tls``): every channel it opens to a peer presents it."""
+
+
+def use_tls(credentials: grpc.ChannelCredentials | None) -> None:
+    """Make ``channel()`` default to TLS with ``credentials`` (a ``--tls`` node sets its node certificate once,
+    so the roles' channels need not carry it around); None: plaintext again."""
+    global _default_credentials
+    _default_credentials = credentials
+
+
+def channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
+    """The one place channels are made: TLS with ``credentials`` (or the node's, ``use_tls``), else plaintext."""
+    credentials = credentials or _default_credentials
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+    return grpc.aio.secure_channel(address, credentials, options=GRPC_OPTIONS)

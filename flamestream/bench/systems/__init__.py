@@ -17,6 +17,7 @@ from flamestream.bench.workloads import Workload
 SYSTEMS = {
     "flamestream": "flamestream.bench.systems.ours:Flamestream",
     "flamestream-separate": "flamestream.bench.systems.ours:FlamestreamSeparate",
+    "flamestream-tls": "flamestream.bench.systems.ours:FlamestreamTLS",
     "spark": "flamestream.bench.systems.spark:SparkStructuredStreaming",
     "bytewax": "flamestream.bench.systems.bytewax:Bytewax",
     "python": "flamestream.bench.systems.python_loop:PythonLoop",

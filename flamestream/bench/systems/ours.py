@@ -27,6 +27,8 @@ class Flamestream:
     check_method = "changelog"
     placement = "nodes"
     """Co-located roles, one node per worker (``FlamestreamSeparate``: a process per role, for comparison)."""
+    tls = False
+    """``FlamestreamTLS``: the same cluster started as ``up --tls``, to show what transport security costs."""
 
     def setup(self, spec: RunSpec, workload: Workload) -> None:
         self._spec = spec
@@ -35,9 +37,11 @@ class Flamestream:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._state = launcher.start_cluster(launcher.UpOptions(
             data_dir=data_dir, nodes=spec.workers, fronts=1, cluster="bench", placement=self.placement,
-            exactly_once=spec.exactly_once, snapshot_interval_ms=spec.snapshot_interval_ms))
+            exactly_once=spec.exactly_once, snapshot_interval_ms=spec.snapshot_interval_ms,
+            tls_dir=data_dir / "tls" if self.tls else None))
+        self._credentials = self._state.tls_dir or None
         try:
-            with Client(self._state.zookeeper, self._state.cluster) as client:
+            with Client(self._state.zookeeper, self._state.cluster, credentials=self._credentials) as client:
                 client.deploy(workload.graph())
         except BaseException:
             launcher.stop_cluster(self._state)  # the runner only closes a system whose set-up succeeded
@@ -47,7 +51,7 @@ class Flamestream:
         return uvloop.run(self._run(pacer, tracker))
 
     async def _run(self, pacer: Pacer, tracker: Tracker) -> dict[str, Any]:
-        async with AsyncClient(self._state.zookeeper, self._state.cluster) as client:
+        async with AsyncClient(self._state.zookeeper, self._state.cluster, credentials=self._credentials) as client:
             consumer = asyncio.create_task(self._consume(client, tracker))
             async for batch in pacer.abatches():
                 await client.push([payload for _event_id, payload in batch])
@@ -59,7 +63,7 @@ class Flamestream:
                 await consumer
             stats = await client.barrier_stats()
         return {"version": f"flamestream {version('flamestream')}", "workers": self._spec.workers,
-                "placement": self.placement,
+                "placement": self.placement, "tls": self.tls,
                 "replay_overhead": None if stats.replay_overhead is None else round(stats.replay_overhead, 4),
                 "retractions": stats.retractions}
 
@@ -76,3 +80,9 @@ class FlamestreamSeparate(Flamestream):
     """The same cluster with every role in a process of its own: what co-locating roles on nodes saves."""
 
     placement = "separate"
+
+
+class FlamestreamTLS(Flamestream):
+    """The default cluster with ``--tls``: mTLS between nodes, TLS and tokens for the client (``bench --tls``)."""
+
+    tls = True

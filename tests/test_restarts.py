@@ -1,0 +1,127 @@
+"""Restarts that always work: after kill -9, after an expired ZooKeeper session, and never onto a live cluster.
+
+Each scenario is an ordinary incident that once left a data dir unstartable or
+a cluster invisible (issue #12): the stale member of a killed node, sessions a
+paused ZooKeeper expired, and an ``up`` that joined another live cluster of
+the same name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flamestream.client import Client
+from flamestream.cluster import ClusterStore
+from flamestream.coordinator.zookeeper import ZooKeeperServer
+from tests.test_cluster_e2e import cli
+from tests.test_nodes import eventually, health
+
+pytestmark = pytest.mark.slow
+
+
+def _up(data: Path, zookeeper: str, cluster: str) -> dict[str, Any]:
+    up = cli("up", "--nodes", "2", "--data-dir", str(data), "--zookeeper", zookeeper, "--cluster", cluster)
+    assert up.returncode == 0, up.stdout + up.stderr
+    return json.loads((data / "cluster.json").read_text())  # type: ignore[no-any-return]
+
+
+def _down(data: Path) -> None:
+    down = cli("down", "--data-dir", str(data))
+    assert down.returncode == 0, down.stderr
+
+
+def _node(state: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(p for p in state["processes"] if p["name"] == name)
+
+
+def _counts(zookeeper: str, cluster: str, lines: list[str], group: str, expected: int) -> list[tuple[str, int]]:
+    """Push ``lines`` and consume ``expected`` word-count records from the start of the topic."""
+    with Client(zookeeper, cluster) as client:
+        client.push(lines)
+        records = [r.payload for r, _ in zip(client.consume(group=group, timeout=60), range(expected), strict=False)]
+    return sorted((r["word"], r["count"]) for r in records)
+
+
+
+def test_up_right_after_a_kill_9_replaces_the_dead_nodes_members(cluster_dir: Path, zookeeper: str,
+                                                                  cluster_name: str) -> None:
+    state = _up(cluster_dir, zookeeper, cluster_name)
+    assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper, "--cluster", cluster_name).returncode == 0
+    assert _counts(zookeeper, cluster_name, ["a b a"], "g", 3) == [("a", 1), ("a", 2), ("b", 1)]
+    os.kill(_node(state, "node1")["pid"], signal.SIGKILL)
+    with ClusterStore(zookeeper, cluster=cluster_name) as store:
+        assert "worker1" in store.members("worker")  # its session outlives it by the session timeout
+        started = time.monotonic()
+        _down(cluster_dir)
+        state = _up(cluster_dir, zookeeper, cluster_name)  # at once, while the dead worker1 is still registered
+        assert time.monotonic() - started < store.timeout, "up waited for the session to expire"
+        assert store.members("worker")["worker1"]["address"] == _node(state, "node1")["address"]
+    assert health(_node(state, "node1")["address"], "worker1") == "SERVING"
+
+
+def test_members_register_again_after_zookeeper_expired_their_sessions(tmp_path: Path, cluster_dir: Path,
+                                                                       cluster_name: str) -> None:
+    server = ZooKeeperServer(tmp_path / "zookeeper")
+    server.start()
+    try:
+        zookeeper = server.address
+        _up(cluster_dir, zookeeper, cluster_name)
+        assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper,
+                   "--cluster", cluster_name).returncode == 0
+        assert _counts(zookeeper, cluster_name, ["x y"], "g", 2) == [("x", 1), ("y", 1)]
+        with ClusterStore(zookeeper, cluster=cluster_name) as store:
+            before = {name: info["address"] for name, info in store.members("front").items()}
+        assert server.pid is not None
+        os.killpg(server.pid, signal.SIGSTOP)  # longer than the 10 s session timeout: every session expires
+        time.sleep(12)
+        os.killpg(server.pid, signal.SIGCONT)
+        with ClusterStore(zookeeper, cluster=cluster_name) as store:
+            # Positive signal first: the members came back (with a new session: their nodes were re-created).
+            eventually(lambda: {n: i["address"] for n, i in store.members("front").items()} == before and
+                       len(store.members("worker")) == 2, "the members to register again", timeout=60)
+        counts = _counts(zookeeper, cluster_name, ["x z"], "g", 4)
+        assert counts == [("x", 1), ("x", 2), ("y", 1), ("z", 1)]
+        _down(cluster_dir)
+    finally:
+        server.stop()
+
+
+def test_up_refuses_a_zookeeper_where_a_live_cluster_of_that_name_runs(tmp_path: Path, cluster_dir: Path,
+                                                                        zookeeper: str, cluster_name: str) -> None:
+    state = _up(cluster_dir, zookeeper, cluster_name)
+    other = tmp_path / "other"
+    up = cli("up", "--nodes", "1", "--data-dir", str(other), "--zookeeper", zookeeper, "--cluster", cluster_name)
+    assert up.returncode != 0
+    assert f"cluster {cluster_name!r} already runs" in up.stderr and "front/front0" in up.stderr
+    assert not (other / "cluster.json").exists()
+    assert health(_node(state, "node0")["address"], "") == "SERVING"  # the running one was not touched
+
+
+def test_a_tick_that_cannot_be_loaded_is_reported_and_a_good_deploy_recovers(cluster_dir: Path, zookeeper: str,
+                                                                             cluster_name: str) -> None:
+    state = _up(cluster_dir, zookeeper, cluster_name)
+    assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper, "--cluster", cluster_name).returncode == 0
+    node1 = _node(state, "node1")
+    with ClusterStore(zookeeper, cluster=cluster_name) as store:
+        latest = store.latest_tick()
+        assert latest is not None
+        bad = json.loads(json.dumps(latest[1]).replace("examples.wordcount:", "no_such_module_anywhere:"))
+        assert bad != latest[1]
+        bad.pop("previous", None)
+        store.publish_tick(bad)  # as if written by hand: deploy itself would refuse it
+    eventually(lambda: health(node1["address"], "worker1") == "NOT_SERVING", "worker1 to report the bad tick")
+    log = (cluster_dir / "logs" / "node1.log").read_text()
+    assert "cannot deploy tick" in log and "no_such_module_anywhere" in log
+    assert _node(state, "node1")["pid"] and os.kill(node1["pid"], 0) is None  # reported, not crashed
+    # The bad tick started afresh and never ran: there is no state to hand over from it.
+    deploy = cli("deploy", "examples/wordcount.py", "--fresh", "--zookeeper", zookeeper, "--cluster", cluster_name)
+    assert deploy.returncode == 0, deploy.stderr
+    eventually(lambda: health(node1["address"], "") == "SERVING", "node1 to serve again after a good deploy")
+    assert _counts(zookeeper, cluster_name, ["p q p"], "g", 3) == [("p", 1), ("p", 2), ("q", 1)]
