@@ -37,6 +37,7 @@ from kazoo.exceptions import (  # type: ignore[import-untyped]
     NodeExistsError,
     NoNodeError,
 )
+from kazoo.retry import KazooRetry  # type: ignore[import-untyped]
 from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl  # type: ignore[import-untyped]
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ SERVICE_ROLES = (ACKER, WORKER, FRONT, BARRIER)
 """Member roles in ZooKeeper (``members/<role>/<name>``), in start order."""
 
 TickCallback = Callable[[int, dict[str, Any]], None]
+
+RECONNECT_EVERY = 1.0
+"""Seconds between attempts to reach ZooKeeper again after losing it, at most."""
 
 
 def _check_name(kind: str, value: str) -> str:
@@ -144,8 +148,11 @@ class ClusterStore:
         """
         if self._client is not None:
             raise RuntimeError(f"ClusterStore for {self.base} is already started")
+        # Reconnect attempts at most RECONNECT_EVERY apart (kazoo's default backs off to a minute): a service
+        # must be back within seconds of ZooKeeper, not of its retry schedule.
         client = KazooClient(hosts=self.hosts, timeout=self.timeout, default_acl=self._acl,
-                             auth_data=[("digest", self._auth)] if self._auth else None)
+                             auth_data=[("digest", self._auth)] if self._auth else None,
+                             connection_retry=KazooRetry(max_tries=-1, max_delay=RECONNECT_EVERY))
         try:
             client.start(timeout=self.timeout)
         except client.handler.timeout_exception:

@@ -160,8 +160,6 @@ def test_a_crashed_node_is_restarted_and_its_topic_survives(deployment: None) ->
     assert_exact(records, FIRST)
 
 
-@pytest.mark.xfail(reason="recovery: a restarted node does not resume the tick yet (the front waits for a new "
-                          "tick, the grouping state is gone)", strict=False)
 def test_the_output_stays_exact_across_the_crash(deployment: None) -> None:
     client("push", "--producer", "ci-second", stdin="\n".join(SECOND) + "\n")
     words = sum(len(line.split()) for line in SECOND)
