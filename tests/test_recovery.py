@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from examples import wordcount
 from flamestream import run_oracle
 from flamestream.client import Client
 from flamestream.cluster import ClusterStore
+from flamestream.coordinator.zookeeper import ZooKeeperServer
 from flamestream.storage.input_log import read_input_logs
 from tests.test_cluster_e2e import as_multiset, cli
 from tests.test_handover_cluster import Pusher, lines
@@ -69,3 +71,39 @@ def test_kill_9_of_a_node_mid_stream_loses_and_duplicates_nothing(cluster_dir: P
     assert not missing and not extra, (sorted(missing)[:10], sorted(extra)[:10], len(got), len(expected))
     status = cli("status", "--data-dir", str(cluster_dir))
     assert status.returncode == 0 and "restarts 1" in status.stdout, status.stdout
+
+
+def test_zookeeper_stopped_for_5_s_mid_stream_loses_and_duplicates_nothing(tmp_path: Path, cluster_dir: Path,
+                                                                         cluster_name: str) -> None:
+    """Shorter than the session timeout: no session expires, the stream needs ZooKeeper only for the fronts'
+    stamping leases (pushes wait, the SDK retries), and everything goes on once it is back."""
+    server = ZooKeeperServer(tmp_path / "zookeeper")
+    server.start()
+    try:
+        zookeeper = server.address
+        up = cli("up", "--nodes", "2", "--data-dir", str(cluster_dir), "--zookeeper", zookeeper,
+                 "--cluster", cluster_name)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper,
+                   "--cluster", cluster_name).returncode == 0
+        pusher = Pusher(zookeeper, cluster_name, lines(), 0.02, retries=40)
+        pusher.start()
+        eventually(lambda: pusher.pushed >= 100, "a running stream")
+        assert server.pid is not None
+        os.killpg(server.pid, signal.SIGSTOP)
+        time.sleep(5)
+        os.killpg(server.pid, signal.SIGCONT)
+        resumed = pusher.pushed
+        eventually(lambda: pusher.pushed >= resumed + 100 or pusher.error is not None, "pushes after ZooKeeper")
+        pusher.stop.set()
+        pusher.join(60)
+        assert pusher.error is None, pusher.error
+        assert "recovering" not in (cluster_dir / "logs" / "node0.log").read_text()  # no restart was needed
+        expected = run_oracle(wordcount.graph(), read_input_logs(cluster_dir))[0]
+        assert len(expected) == 7 * pusher.pushed
+        with Client(zookeeper, cluster_name) as client:
+            got = [(record.time, record.payload) for record in client.consume(group="check", timeout=10)]
+        assert as_multiset(got) == as_multiset(expected)
+        assert cli("down", "--data-dir", str(cluster_dir)).returncode == 0
+    finally:
+        server.stop()
