@@ -77,7 +77,7 @@ def test_a_killed_node_turns_its_peers_worker_not_serving_with_a_logged_tracebac
     assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper, "--cluster", cluster_name).returncode == 0
     with Client(zookeeper, cluster_name) as client:
         client.push(["a b a"])
-        got = [r.payload for r, _ in zip(client.consume(group="g", timeout=30), range(3), strict=False)]
+        got = [r.payload for _, r in zip(range(3), client.consume(group="g", timeout=30), strict=False)]
     assert sorted(got, key=json.dumps) == sorted([{"word": "a", "count": 1}, {"word": "b", "count": 1},
                                                   {"word": "a", "count": 2}], key=json.dumps)  # it was running
     node0, node1 = (next(p for p in state["processes"] if p["name"] == name) for name in ("node0", "node1"))

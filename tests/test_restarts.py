@@ -45,7 +45,8 @@ def _counts(zookeeper: str, cluster: str, lines: list[str], group: str, expected
     """Push ``lines`` and consume ``expected`` word-count records from the start of the topic."""
     with Client(zookeeper, cluster) as client:
         client.push(lines)
-        records = [r.payload for r, _ in zip(client.consume(group=group, timeout=60), range(expected), strict=False)]
+        # range first: zip stops on it without waiting for one more record (the consumer's idle timeout)
+        records = [r.payload for _, r in zip(range(expected), client.consume(group=group, timeout=60), strict=False)]
     return sorted((r["word"], r["count"]) for r in records)
 
 
