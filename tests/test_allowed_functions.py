@@ -35,7 +35,7 @@ from flamestream.core.meta import GlobalTime
 from flamestream.core.tick import Layout, Tick
 from flamestream.loader import load_graph
 from tests import graphfns as fns
-from tests.test_cluster_e2e import cli
+from tests.test_cluster_e2e import cli, running
 
 # -- a user package to reach the standard library from -------------------------------------------------------------
 
@@ -310,14 +310,8 @@ def one_node(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterat
     """One node hosting every role (the lightest cluster), started with an --allow-module of its own."""
     data = tmp_path_factory.mktemp("allowed") / "cluster"
     name = f"allowed{uuid.uuid4().hex[:8]}"
-    done = cli("up", "--nodes", "1", "--data-dir", str(data), "--zookeeper", zookeeper, "--cluster", name,
-               "--allow-module", "mylib_for_tests")
-    assert done.returncode == 0, done.stdout + done.stderr
-    try:
+    with running(data, zookeeper, name, "--nodes", "1", "--allow-module", "mylib_for_tests"):
         yield OneNode(data, zookeeper, name)
-    finally:
-        down = cli("down", "--data-dir", str(data))
-        assert down.returncode == 0, down.stderr
 
 
 @pytest.mark.slow

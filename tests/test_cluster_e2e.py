@@ -9,6 +9,7 @@ streams in-process), and a process per role (all streams over gRPC) — which mu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -59,6 +60,18 @@ class Cluster:
     def address(self, role: str) -> str:
         """The address of the node hosting the first member of ``role``."""
         return next(p["address"] for p in self.state()["processes"] if any(r == role for r, _ in p["members"]))
+
+
+@contextlib.contextmanager
+def running(data: Path, zookeeper: str, name: str, *up_args: str) -> Iterator[Cluster]:
+    """A cluster started with ``flamestream up`` for the block, taken down (successfully) after it."""
+    done = cli("up", *up_args, "--data-dir", str(data), "--zookeeper", zookeeper, "--cluster", name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    try:
+        yield Cluster(data, zookeeper, name)
+    finally:
+        down = cli("down", "--data-dir", str(data))
+        assert down.returncode == 0, down.stderr
 
 
 PLACEMENTS = {"3 nodes, 2 fronts": ["--nodes", "3", "--fronts", "2"], "1 node, every role": ["--nodes", "1"],

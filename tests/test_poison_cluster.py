@@ -27,7 +27,7 @@ from flamestream.storage.input_log import read_input_logs
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from tests import poisonfns
-from tests.test_cluster_e2e import Cluster, _alive, as_multiset, cli, consume_all
+from tests.test_cluster_e2e import Cluster, _alive, as_multiset, consume_all, running
 from tests.test_replay import ROOT, replayed, write_input_logs
 
 pytestmark = pytest.mark.slow
@@ -37,14 +37,8 @@ pytestmark = pytest.mark.slow
 def cluster(tmp_path: Path, zookeeper: str, cluster_name: str) -> Iterator[Cluster]:
     """Two nodes: node 0 hosts the acker, worker 0, the front and the barrier; node 1 worker 1 (so items cross
     gRPC between workers and stay in-process to the barrier)."""
-    data = tmp_path / "cluster"
-    done = cli("up", "--nodes", "2", "--data-dir", str(data), "--zookeeper", zookeeper, "--cluster", cluster_name)
-    assert done.returncode == 0, done.stdout + done.stderr
-    try:
-        yield Cluster(data, zookeeper, cluster_name)
-    finally:
-        down = cli("down", "--data-dir", str(data))
-        assert down.returncode == 0, down.stderr
+    with running(tmp_path / "cluster", zookeeper, cluster_name, "--nodes", "2") as started:
+        yield started
 
 
 def expected_records(cluster: Cluster) -> list[tuple[Any, Any]]:

@@ -42,7 +42,14 @@ from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.workers import service as worker_service
 from flamestream.workers.service import WorkerService
-from tests.test_cluster_e2e import Cluster, _alive, as_multiset, cli, consume_all, expected_from_input_logs
+from tests.test_cluster_e2e import (
+    Cluster,
+    _alive,
+    as_multiset,
+    consume_all,
+    expected_from_input_logs,
+    running,
+)
 from tests.test_nodes import health
 
 G = GlobalTime(1_700_000_000_000, 0)
@@ -344,14 +351,8 @@ def test_envelopes_must_fit_the_graph_and_tick_that_take_them(monkeypatch: pytes
 @pytest.fixture
 def two_nodes(tmp_path: Path, zookeeper: str, cluster_name: str) -> Iterator[Cluster]:
     """Node 0: acker, worker 0, front 0, barrier 0; node 1: worker 1 — both workers reachable over gRPC."""
-    data = tmp_path / "cluster"
-    up = cli("up", "--nodes", "2", "--data-dir", str(data), "--zookeeper", zookeeper, "--cluster", cluster_name)
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield Cluster(data, zookeeper, cluster_name)
-    finally:
-        down = cli("down", "--data-dir", str(data))
-        assert down.returncode == 0, down.stderr
+    with running(tmp_path / "cluster", zookeeper, cluster_name, "--nodes", "2") as started:
+        yield started
 
 
 def status_of(call: Any) -> tuple[grpc.StatusCode, str]:
