@@ -200,42 +200,30 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             if verdict is not None:
                 await context.abort(*verdict)
 
-        args = {"request_deserializer": handler.request_deserializer,
-                "response_serializer": handler.response_serializer}
-        if handler.unary_unary:
-            inner_uu = handler.unary_unary
-
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        # One wrapper per response shape; the request side (one message or a stream) is passed through as is.
+        def answering(inner: Any) -> Any:
+            async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 await deny(context)
-                return await inner_uu(request, context)
-            return grpc.unary_unary_rpc_method_handler(unary_unary, **args)
-        if handler.stream_unary:
-            inner_su = handler.stream_unary
+                return await inner(request, context)
+            return call
 
-            async def stream_unary(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        def streaming(inner: Any) -> Any:
+            async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 await deny(context)
-                return await inner_su(requests, context)
-            return grpc.stream_unary_rpc_method_handler(stream_unary, **args)
-        if handler.unary_stream:
-            inner_us = handler.unary_stream
-
-            async def unary_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                await deny(context)
-                result = inner_us(request, context)
+                result = inner(request, context)
                 if hasattr(result, "__aiter__"):
                     async for reply in result:
                         yield reply
                 else:  # a handler writing with context.write
                     await result
-            return grpc.unary_stream_rpc_method_handler(unary_stream, **args)
-        inner_ss = handler.stream_stream
+            return call
 
-        async def stream_stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            await deny(context)
-            result = inner_ss(requests, context)
-            if hasattr(result, "__aiter__"):
-                async for reply in result:
-                    yield reply
-            else:
-                await result
-        return grpc.stream_stream_rpc_method_handler(stream_stream, **args)
+        args = {"request_deserializer": handler.request_deserializer,
+                "response_serializer": handler.response_serializer}
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(answering(handler.unary_unary), **args)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(answering(handler.stream_unary), **args)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), **args)
+        return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **args)
