@@ -128,19 +128,14 @@ def _topic_tail(log: SegmentedLog) -> tuple[GlobalTime | None, Counter[bytes]]:
     """The topic's last global time and the multiset of its records (None for an empty topic)."""
     last: GlobalTime | None = None
     records: Counter[bytes] = Counter()
-    offset = log.end_offset
-    while offset > 0:
-        start = max(0, offset - 256)
-        chunk = log.read(start, offset - start)
-        for _offset, data in reversed(chunk):
-            time = pb.Record.FromString(data).time
-            gt = GlobalTime(time.ts, time.front)
-            if last is None:
-                last = gt
-            if gt != last:
-                return last, records
-            records[data] += 1
-        offset = start
+    for _offset, data in log.scan_backwards(chunk=256):
+        time = pb.Record.FromString(data).time
+        gt = GlobalTime(time.ts, time.front)
+        if last is None:
+            last = gt
+        if gt != last:
+            break
+        records[data] += 1
     return last, records
 
 

@@ -146,16 +146,12 @@ def _logged_since(log: SegmentedLog, start: GlobalTime) -> list[tuple[GlobalTime
     """The logged events stamped at or after ``start``, in log (= stamp) order: read from the end backwards,
     since a recovery starts at a recent snapshot."""
     found: list[tuple[GlobalTime, Trace, Any]] = []
-    offset = log.end_offset
-    while offset > log.start_offset:
-        first = max(log.start_offset, offset - RESEND_BATCH)
-        for _offset, data in reversed(log.read(first, offset - first)):
-            record = decode_record(data)
-            gt = GlobalTime(record["ts"], record["front"])
-            if gt < start:
-                return found[::-1]
-            found.append((gt, (record["seq"],), record["payload"]))
-        offset = first
+    for _offset, data in log.scan_backwards(chunk=RESEND_BATCH):
+        record = decode_record(data)
+        gt = GlobalTime(record["ts"], record["front"])
+        if gt < start:
+            break
+        found.append((gt, (record["seq"],), record["payload"]))
     return found[::-1]
 
 

@@ -523,3 +523,14 @@ def test_only_the_writer_truncates(tmp_path: Path) -> None:
         log.append_many(records(10))
     with SegmentedLog(tmp_path, readonly=True) as reader, pytest.raises(LogError, match="read-only"):
         reader.truncate_before(5)
+
+
+def test_scan_backwards_reads_from_the_end_down_to_the_start(tmp_path: Path) -> None:
+    records = [f"record {i}".encode() for i in range(25)]
+    with SegmentedLog(tmp_path / "log", segment_bytes=64) as log:
+        log.append_many(records)
+        assert list(log.scan_backwards(chunk=4)) == [(i, records[i]) for i in reversed(range(25))]
+        log.truncate_before(log.segment_bases[2])
+        start = log.start_offset
+        assert start > 0
+        assert list(log.scan_backwards(chunk=4)) == [(i, records[i]) for i in reversed(range(start, 25))]

@@ -445,6 +445,16 @@ class SegmentedLog:
             yield from batch
             offset = batch[-1][0] + 1
 
+    def scan_backwards(self, chunk: int = 1000) -> Iterator[tuple[int, bytes]]:
+        """Records from the last one down to the log's start, read ``chunk`` at a time: for callers that need
+        only the newest records (a recovery's re-send, a topic's last global time) in a long log."""
+        offset = self.end_offset
+        start = self.start_offset
+        while offset > start:
+            first = max(start, offset - chunk)
+            yield from reversed(self.read(first, offset - first))
+            offset = first
+
     def read(self, from_offset: int, max_records: int = 1000) -> list[tuple[int, bytes]]:
         """Up to ``max_records`` published records from ``from_offset`` on, as (offset, payload) pairs."""
         end = self.end_offset
