@@ -238,12 +238,12 @@ class Node:
         while True:
             await asyncio.sleep(RECOVERY_POLL)
             try:
-                verdict = await asyncio.to_thread(recovery.check, self.store, self.applied)
+                restarted = await asyncio.to_thread(recovery.check, self.store, self.applied)
             except Exception:
                 log.warning("cannot check for restarted peers", exc_info=True)
                 continue
-            if verdict.restarted is not None:
-                raise PeerRestarted(f"{verdict.restarted} of tick {self.applied} restarted and lost its state: "
+            if restarted is not None:
+                raise PeerRestarted(f"{restarted} of tick {self.applied} restarted and lost its state: "
                                     "this node restarts too, for the recovery from the last complete snapshot")
 
     async def run(self) -> int:

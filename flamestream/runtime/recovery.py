@@ -30,7 +30,7 @@ fresh nothing from before the recovery tick can arrive at all.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore
@@ -58,23 +58,16 @@ def in_roster(tick: Tick, kind: str, info: dict[str, Any]) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class Verdict:
-    restarted: str | None = None
-    """A member of the tick this node runs that restarted: this node must restart too."""
-    recovery: int | None = None
-    """The number of the recovery tick this node published."""
-
-
-def check(store: ClusterStore, applied: int | None) -> Verdict:
-    """One look at the cluster (blocking; run it off the event loop): restart, publish a recovery tick, or nothing.
+def check(store: ClusterStore, applied: int | None) -> str | None:
+    """One look at the cluster (blocking; run it off the event loop): the member of the tick this node runs that
+    restarted (so this node must restart too), or None after publishing the recovery tick if its time has come.
 
     ``applied`` is the latest tick this node runs (None: none, e.g. it is
     recovering itself).
     """
     latest = store.latest_tick()
     if latest is None:
-        return Verdict()
+        return None
     number, data = latest
     tick = Tick.from_dict({**data, "number": number})
     roster = {(kind, name): info for kind in SERVICE_ROLES for name, info in store.members(kind).items()
@@ -83,18 +76,18 @@ def check(store: ClusterStore, applied: int | None) -> Verdict:
     if applied is not None:
         for kind, name in sorted(recovering):
             if int(roster[kind, name][RECOVERING]) >= applied:
-                return Verdict(restarted=f"{kind} {name}")
+                return f"{kind} {name}"
     if not recovering or recovering != roster.keys() or not _complete(tick, roster):
-        return Verdict()
+        return None
     with store.recovery_lock():
         again = store.latest_tick()
         if again is None or again[0] != number:
-            return Verdict()  # another node published it
+            return None  # another node published it
         recovery = recovery_tick(store, tick, roster)
         published = store.publish_tick(recovery.to_dict())
     log.warning("every process of tick %d restarted: published recovery tick %d from %s (snapshot of tick %s)",
                 number, published, recovery.start, recovery.previous)
-    return Verdict(recovery=published)
+    return None
 
 
 def _complete(tick: Tick, roster: dict[tuple[str, str], dict[str, Any]]) -> bool:
