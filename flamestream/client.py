@@ -41,10 +41,9 @@ from flamestream.core.functions import Allowed
 from flamestream.core.graph import Graph, grouping_names
 from flamestream.core.hashing import stable_hash
 from flamestream.core.limits import MAX_NAME_BYTES, RETRY_HINT, group_fault
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.payload import PayloadError, decode_payload, encode_event
 from flamestream.core.tick import Layout, Tick
-from flamestream.storage.snapshots import boundary_name
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire.security import Credentials, find_credentials
 from flamestream.wire.transport import channel as open_channel

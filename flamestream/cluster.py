@@ -40,6 +40,8 @@ from kazoo.exceptions import (  # type: ignore[import-untyped]
 from kazoo.retry import KazooRetry  # type: ignore[import-untyped]
 from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl  # type: ignore[import-untyped]
 
+from flamestream.core.meta import boundary_of
+
 log = logging.getLogger(__name__)
 
 ACKER = "acker"
@@ -90,12 +92,6 @@ def _decode(path: str, data: bytes) -> dict[str, Any]:
     return value
 
 
-def _boundary_key(name: str) -> tuple[int, int]:
-    """A ``<ts>-<front>`` snapshot boundary name as a sortable (ts, front): names do not sort as strings."""
-    ts, _, front = name.partition("-")
-    return int(ts), int(front)
-
-
 _PUBLISH_ATTEMPTS = 100
 
 
@@ -136,7 +132,6 @@ class ClusterStore:
         self._registered: dict[str, bytes] = {}
         """Member path -> info of every member this session registered (registered again after expiry)."""
         self._expired = False
-        self._incarnations: dict[str, int] = {}
 
     # -- session -------------------------------------------------------------
 
@@ -228,9 +223,6 @@ class ClusterStore:
                 with contextlib.suppress(NoNodeError, BadVersionError):
                     self._zk.delete(path, version=stat.version)
         self._registered[path] = data
-        stat = self._zk.exists(path)
-        if stat is not None:
-            self._incarnations[path] = stat.czxid
 
     def _on_state(self, state: str) -> None:
         """kazoo's connection listener (its own thread): after an expired session, re-register the members."""
@@ -453,7 +445,7 @@ class ClusterStore:
         _check_count("workers", workers)
         needed = {f"worker{i}" for i in range(workers)}
         done = [boundary for boundary, registered in self.snapshots(tick).items() if needed <= registered.keys()]
-        return sorted(done, key=_boundary_key)
+        return sorted(done, key=boundary_of)
 
     def oldest_complete_snapshot(self) -> str | None:
         """The oldest boundary of any tick's complete snapshot still registered, or None if there is none.
@@ -475,7 +467,7 @@ class ClusterStore:
             if tick is None:
                 continue
             complete = self.complete_snapshots(n, len(tick.get("workers", [])))
-            if complete and (oldest is None or _boundary_key(complete[0]) < _boundary_key(oldest)):
+            if complete and (oldest is None or boundary_of(complete[0]) < boundary_of(oldest)):
                 oldest = complete[0]
         return oldest
 
@@ -539,28 +531,7 @@ class ClusterStore:
     def _tick_numbers(self) -> list[int]:
         return sorted(int(name) for name in self._zk.get_children(f"{self.base}/ticks"))
 
-    # -- incarnations (crash recovery) ---------------------------------------
-
-    @property
-    def incarnation(self) -> int | None:
-        """The ZooKeeper transaction id that created this session's first member node: later than every tick
-        published before this process registered, earlier than every tick published after."""
-        return min(self._incarnations.values(), default=None)
-
-    def member_zxids(self, role: str) -> dict[str, int]:
-        """Member name -> the transaction id that created its node: a restarted process shows as a newer one."""
-        path = self._role_path(role)
-        out = {}
-        for name in self._zk.get_children(path):
-            stat = self._zk.exists(f"{path}/{name}")
-            if stat is not None:
-                out[name] = stat.czxid
-        return out
-
-    def tick_zxid(self, n: int) -> int | None:
-        """The transaction id that published tick ``n``."""
-        stat = self._zk.exists(f"{self.base}/ticks/{_check_count('tick', n):010d}")
-        return None if stat is None else int(stat.czxid)
+    # -- crash recovery ------------------------------------------------------
 
     def recovery_lock(self) -> Any:
         """The lock a recovery is published under, so two nodes that see the same crash publish one tick."""

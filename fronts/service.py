@@ -21,7 +21,7 @@ from flamestream.core.front import FrontClock
 from flamestream.core.graph import Graph
 from flamestream.core.hashing import BalanceError, as_hash
 from flamestream.core.limits import RETRY_HINT, producer_fault, sequence_fault
-from flamestream.core.meta import GlobalTime, Trace
+from flamestream.core.meta import GlobalTime, Trace, boundary_of
 from flamestream.core.plan import Plan, compile_graph
 from flamestream.core.tick import Tick
 from flamestream.core.worker import front_envelopes
@@ -33,7 +33,6 @@ from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
 from flamestream.storage.input_log import Truncation, decode_record, encode_record, front_log_dir, plan_truncation
 from flamestream.storage.log import LogError, SegmentedLog
-from flamestream.storage.snapshots import boundary_of
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc

@@ -28,7 +28,7 @@ from flamestream.client import Client
 from flamestream.cluster import ClusterStore
 from flamestream.core.front import Stamped, stamp_inputs
 from flamestream.core.local import Handover, LocalRuntime
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.tick import Layout
 from flamestream.core.worker import WorkerState
 from flamestream.fronts.service import _open_input_log
@@ -43,7 +43,7 @@ from flamestream.storage.input_log import (
     truncation,
 )
 from flamestream.storage.log import LogError, SegmentedLog
-from flamestream.storage.snapshots import boundary_name, snapshot_path, write_snapshot
+from flamestream.storage.snapshots import snapshot_path, write_snapshot
 from flamestream.workers.service import WorkerService, _catch_up
 from tests.test_handover_cluster import Pusher, lines
 

@@ -36,7 +36,7 @@ from flamestream.cluster import ClusterStore
 from flamestream.core.graph import Graph
 from flamestream.core.hashing import INT32_MIN
 from flamestream.core.item import Envelope, Item, envelope_meta, envelope_time, item_time
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, boundary_name, boundary_of
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.core.worker import Worker, WorkerState, front_envelopes, merge_states
@@ -47,8 +47,6 @@ from flamestream.storage.input_log import read_input_range
 from flamestream.storage.log import LogError
 from flamestream.storage.snapshots import (
     SnapshotError,
-    boundary_name,
-    boundary_of,
     read_snapshot,
     snapshot_dir,
     snapshot_path,

@@ -35,6 +35,17 @@ class GlobalTime(NamedTuple):
     front: int
 
 
+def boundary_name(boundary: GlobalTime) -> str:
+    """How a snapshot boundary (a global time) is named in paths and in ZooKeeper: ``<ts>-<front>``."""
+    return f"{boundary.ts}-{boundary.front}"
+
+
+def boundary_of(name: str) -> GlobalTime:
+    """The global time a ``boundary_name`` names."""
+    ts, _, front = name.partition("-")
+    return GlobalTime(int(ts), int(front))
+
+
 class LocalTime(NamedTuple):
     """One operation's mark on a trace.
 

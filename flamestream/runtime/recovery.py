@@ -34,10 +34,9 @@ from dataclasses import replace
 from typing import Any
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, boundary_of
 from flamestream.core.tick import Tick
 from flamestream.runtime.logs import role_logger
-from flamestream.storage.snapshots import boundary_of
 
 log = role_logger("recovery")
 

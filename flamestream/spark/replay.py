@@ -672,7 +672,7 @@ def check_log(input_log: str | Path, start: GlobalTime | None) -> None:
 
 def check_snapshot(spark: Any, directory: Path, ticks: list[Tick] | None) -> tuple[GlobalTime, list[str]]:
     """The boundary and files of a complete, intact snapshot directory; ReplayError naming what is wrong."""
-    from flamestream.storage.snapshots import boundary_of
+    from flamestream.core.meta import boundary_of
 
     if not directory.is_dir():
         raise ReplayError(f"snapshot {directory} is not a directory")

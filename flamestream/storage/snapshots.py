@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flamestream.core import values
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.worker import WorkerState
 
 MAGIC = b"flamestream-snapshot\n"
@@ -51,16 +51,6 @@ class SnapshotInfo:
     items: int
     body_bytes: int
     sha256: str
-
-
-def boundary_name(boundary: GlobalTime) -> str:
-    """How a boundary is named in paths and in ZooKeeper: ``<ts>-<front>``."""
-    return f"{boundary.ts}-{boundary.front}"
-
-
-def boundary_of(name: str) -> GlobalTime:
-    ts, _, front = name.partition("-")
-    return GlobalTime(int(ts), int(front))
 
 
 def snapshot_dir(data_dir: Path, boundary: GlobalTime) -> Path:
