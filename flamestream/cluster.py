@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState  # type: ignore[import-untyped]
@@ -93,6 +94,13 @@ def _decode(path: str, data: bytes) -> dict[str, Any]:
 
 
 _PUBLISH_ATTEMPTS = 100
+
+
+def placement(data_dir: Path | None) -> dict[str, str]:
+    """Where a member runs, as its info records it: the host and the data dir.  A node restarted there knows
+    members with this placement (and its name) as its dead predecessor's; ``up`` knows any other as another
+    live cluster's."""
+    return {"host": socket.gethostname(), "data_dir": str(data_dir.resolve()) if data_dir else ""}
 
 
 class LeaseMoved(Exception):

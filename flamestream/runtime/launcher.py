@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2
 
-from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore, zookeeper_serving
+from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore, placement, zookeeper_serving
 from flamestream.runtime import tls
 from flamestream.wire.security import Credentials
 
@@ -603,7 +603,7 @@ def _refuse_live_cluster(store: ClusterStore, data_dir: Path) -> None:
     Members a crashed run of this very cluster left behind (same host, same data
     dir) are not in the way: the new nodes replace them (``Node._register``).
     """
-    here = {"host": socket.gethostname(), "data_dir": str(data_dir.resolve())}
+    here = placement(data_dir)
     foreign = sorted(f"{role}/{name} ({info.get('address', '?')}, data dir {info.get('data_dir', '?')})"
                      for role in SERVICE_ROLES for name, info in store.members(role).items()
                      if any(info.get(key) != value for key, value in here.items()))

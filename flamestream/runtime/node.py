@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,7 +31,7 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from flamestream.cluster import ClusterStore
+from flamestream.cluster import ClusterStore, placement
 from flamestream.core.functions import check_module_name
 from flamestream.core.tick import Tick
 from flamestream.runtime import logs, recovery
@@ -166,8 +165,7 @@ class Node:
         session timeout).  Without a data dir there is no lock: wait for the old
         session to expire instead.
         """
-        identity = {"node": self.name, "host": socket.gethostname(),
-                    "data_dir": str(self.data_dir.resolve()) if self.data_dir else ""}
+        identity = {"node": self.name, **placement(self.data_dir)}
         ran_before = self.data_dir is not None and self._lock_path().exists()
         locked = self._lock()
         latest = await asyncio.to_thread(self.store.latest_tick) if ran_before else None
