@@ -301,8 +301,7 @@ class FrontService(rpc.FrontServicer):
             sends, acks = self._batches(route, chunk)
             await self._to_acker(route, acks)
             await self._to_workers(route, sends)
-        ts = self._clock.report(_now_ms())
-        await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
+        await self._report(route)
         self.logger.info("recovery: sent the %d logged events from %s on again", len(events), start)
 
     async def _switch_if_due(self, ts: int) -> _Route | None:
@@ -620,22 +619,27 @@ class FrontService(rpc.FrontServicer):
                     continue
                 if len(route.tick.fronts) == 1 and self._clock.covered() and not self._report_owed:
                     continue
-                ts = self._clock.report(_now_ms())
-                if ts > self._promised:  # persist ahead, in steps, before promising past the persisted bound
-                    try:
-                        await asyncio.to_thread(_write_promise, self._promise_file, ts + PROMISE_STEP_MS)
-                        self._promised, self._report_owed = ts + PROMISE_STEP_MS, False
-                    except OSError as exc:
-                        # Disk full: promise only the persisted bound, and keep trying (the clock now counts as
-                        # covered, so without ``_report_owed`` a lone front would stop reporting for good).
-                        if not self._report_owed:
-                            self.logger.warning("cannot persist the report promise (%s); reporting at most %d",
-                                                exc, self._promised)
-                        self._report_owed, ts = True, self._promised
                 try:
-                    await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
+                    await self._report(route)
                 except hosting.StreamBroken as exc:
                     self._break(route, exc)
+
+    async def _report(self, route: _Route) -> None:
+        """Promise the acker the clock's time now, persisted ahead first (a restarted front never stamps below
+        a time it promised); called with the lock held."""
+        ts = self._clock.report(_now_ms())
+        if ts > self._promised:  # persist ahead, in steps, before promising past the persisted bound
+            try:
+                await asyncio.to_thread(_write_promise, self._promise_file, ts + PROMISE_STEP_MS)
+                self._promised, self._report_owed = ts + PROMISE_STEP_MS, False
+            except OSError as exc:
+                # Disk full: promise only the persisted bound, and keep trying (the clock now counts as
+                # covered, so without ``_report_owed`` a lone front would stop reporting for good).
+                if not self._report_owed:
+                    self.logger.warning("cannot persist the report promise (%s); reporting at most %d",
+                                        exc, self._promised)
+                self._report_owed, ts = True, self._promised
+        await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
 
     # -- input-log retention -----------------------------------------------------
 
