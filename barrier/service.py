@@ -98,7 +98,6 @@ class _Partition:
         self.released += len(records)
         self.wake()
 
-
     def _new_only(self, released: list[Released]) -> list[bytes]:
         """The records of ``released`` that the topic does not hold yet.
 
