@@ -14,6 +14,8 @@ import zlib
 from collections.abc import Mapping, Set
 from typing import Any
 
+from flamestream.core.errors import BalanceError as BalanceError  # re-exported: defined there for mypyc
+
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
 
@@ -23,11 +25,6 @@ def to_int32(value: int) -> int:
     bits read as a signed number (``2**32 + 5 -> 5``, ``2**31 -> -2**31``, ``-1 -> -1``)."""
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value > INT32_MAX else value
-
-
-class BalanceError(TypeError):
-    """A balancing function returned something that is not an integer: that item's failure (its dead letter, or
-    its rejection at the front), like an exception raised by the function."""
 
 
 def as_hash(value: object) -> int:

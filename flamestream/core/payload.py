@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from flamestream.core.dead_letter import RECORD, dead_letter, deeper_than
+from flamestream.core.errors import PayloadError as PayloadError  # re-exported: defined there for mypyc
 
 MAX_DEPTH = 64
 """Events nest arrays/objects at most this deep (``1`` is depth 0, ``[1]`` depth 1).  Generous for data, and it
@@ -32,10 +33,6 @@ hashed (``stable_hash`` recurses), pickled between workers and written to the in
 MAX_RECORD_DEPTH = 254
 """Records nest at most this deep (orjson's own limit, so the fast and the fallback encoder agree); a sink
 payload nested deeper becomes a dead letter — at a fixed depth, not wherever the stack happens to run out."""
-
-
-class PayloadError(ValueError):
-    """A client payload is not a JSON value, or not one the workers can process and write."""
 
 
 _NATIVE_ONLY = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
