@@ -12,7 +12,7 @@ JSON encoder writes: a tuple-keyed dict (``tuple``: its repr), NaN (``nan``: nul
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from flamestream import Graph
 from flamestream.core.hashing import stable_hash
@@ -113,3 +113,53 @@ def carried(balanced_entry: bool) -> Graph:
     grouping = g.grouping(2, balance=grouping_result, name="by_result")
     g.source().to(entry).to(hop).to(grouping).to(g.map(window_keys, name="keys")).to(g.sink())
     return g.validate()
+
+
+# -- a map output that is no plain value (test_poison_cluster.py) ----------------------------------------------
+
+class Word(NamedTuple):
+    text: str
+
+
+def line_hash(line: str) -> int:
+    return stable_hash(line)
+
+
+def split_unplain(line: str) -> list[Any]:
+    """Word count's split, except that ``nt`` comes out as a namedtuple: not a plain value, so it cannot be
+    encoded to cross to another worker (the codec writes plain values only)."""
+    return [Word(w) if w == "nt" else w for w in line.split()]
+
+
+def plain_word(payload: Any) -> str:
+    return payload.text if isinstance(payload, Word) else str(payload)
+
+
+def plain_hash(payload: Any) -> int:
+    return stable_hash(plain_word(payload["word"] if isinstance(payload, dict) else payload))
+
+
+def plain_key(payload: Any) -> str:
+    return plain_word(payload["word"] if isinstance(payload, dict) else payload)
+
+
+def combine_unplain(window: tuple[Any, ...]) -> list[Any]:
+    if len(window) == 1:
+        return [] if isinstance(window[0], dict) else [{"word": plain_word(window[0]), "count": 1}]
+    acc, word = window
+    if isinstance(acc, dict) and not isinstance(word, dict):
+        return [{"word": plain_word(word), "count": acc["count"] + 1}]
+    return []
+
+
+def unplain() -> Graph:
+    """Word count whose split runs where its line hashes (so its outputs cross to the word's worker) and
+    emits ``nt`` as a namedtuple."""
+    g = Graph("unplain")
+    loop = g.merge(2)
+    g.source().to(g.map(split_unplain, balance=line_hash)).to(loop.inp(0))
+    fanout = (loop.to(g.grouping(2, balance=plain_hash, equivalence=plain_key, name="counts"))
+              .to(g.map(combine_unplain)).to(g.broadcast(2)))
+    g.connect(fanout.out(0), g.sink())
+    g.connect(fanout.out(1), loop.inp(1))
+    return g

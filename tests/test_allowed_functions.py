@@ -34,6 +34,7 @@ from flamestream.core.graph import Graph
 from flamestream.core.meta import GlobalTime
 from flamestream.core.tick import Layout, Tick
 from flamestream.loader import load_graph
+from flamestream.runtime import launcher
 from tests import graphfns as fns
 from tests.test_cluster_e2e import cli, running
 
@@ -295,7 +296,10 @@ class OneNode:
         self.data, self.zookeeper, self.name = data, zookeeper, name
 
     def store(self) -> ClusterStore:
-        return ClusterStore(self.zookeeper, cluster=self.name)
+        """A session with the cluster's own ZooKeeper digest: it may write ticks, as whoever holds it could."""
+        state = launcher.load_state(self.data)
+        assert state is not None
+        return ClusterStore(self.zookeeper, cluster=self.name, **launcher.store_auth(state))
 
     def ticks(self) -> int:
         with self.store() as store:

@@ -67,7 +67,7 @@ def test_poison_never_stalls_the_stream(cluster: Cluster) -> None:
     cluster.deploy("tests/poisonfns.py")
     processes = cluster.state()["processes"]
     plain = [f"the dog {i % 5} saw the cat {i % 3}" for i in range(60)]
-    with grpc.insecure_channel(cluster.address("front")) as channel, cluster.client() as client:
+    with cluster.channel(cluster.address("front")) as channel, cluster.client() as client:
         front = rpc.FrontStub(channel)
         fine = pb.Event(payload=b'"fine words"')
         refused = {
@@ -120,6 +120,30 @@ def test_poison_never_stalls_the_stream(cluster: Cluster) -> None:
         assert len(expected) == len(payloads) + 2
         assert consume_all(client, "after-poison", 1, timeout=6) == []
     for process in processes:  # no node died on the way
+        assert _alive(process["pid"]), process
+
+
+def test_an_output_that_cannot_cross_workers_is_its_dead_letter(cluster: Cluster) -> None:
+    """A map output that is no plain value (a namedtuple) cannot be encoded for another worker: it becomes its
+    item's dead letter, with its ack, and the worker goes on (it used to stop its node).  Where the same output
+    stays on its worker it is processed as the oracle processes it, so only the dead letters differ from the
+    oracle; every other word is counted exactly."""
+    graph = poisonfns.unplain()
+    graph.sys_path = [str(ROOT)]  # the nodes import tests.poisonfns from the source tree
+    lines = [f"nt a {i}" for i in range(40)]
+    processes = cluster.state()["processes"]
+    with cluster.client() as client:
+        client.deploy(graph)
+        client.push(lines)
+        expected, _ = run_oracle(graph, read_input_logs(cluster.data))
+        got = [r.payload for r in consume_all(client, "unplain", len(expected), timeout=90)]
+    letters = [p["dead_letter"] for p in got if is_dead_letter(p)]
+    assert letters and all(d["operation"] == "counts" and "Word cannot be encoded" in d["error"] for d in letters)
+    counted = [p for p in got if not is_dead_letter(p)]
+    assert sorted(p["count"] for p in counted if p["word"] == "a") == list(range(1, 41))
+    assert sorted(p["count"] for p in counted if p["word"] == "nt") == list(range(1, 41 - len(letters)))
+    assert len(got) == len(expected)  # each dead letter stands for one oracle record
+    for process in processes:
         assert _alive(process["pid"]), process
 
 

@@ -1,11 +1,14 @@
-"""`flamestream up --tls`: mTLS between nodes, role tokens for clients, ZooKeeper digest ACLs (issue #12).
+"""Secured clusters, `flamestream up`'s default: mTLS between nodes, role tokens for clients, ZooKeeper digest ACLs
+(issue #12).
 
-Each test checks one promise of the opt-in secure mode from the outside:
-the word count is exact with credentials, and each way around them (no
-token, the wrong token, plaintext, a foreign certificate, ZooKeeper without
-a digest) is refused.  The two-host test runs ZooKeeper and node0 in one
-network namespace and node1 in another, so certificates are checked against
-real non-loopback addresses.
+Each test checks one promise of the secure mode from the outside: the word
+count is exact with credentials (given, or found by the CLI and the SDK
+without being told), and each way around them (no token, the wrong token,
+plaintext, a foreign certificate, ZooKeeper without a digest, a digest
+offered to a ZooKeeper its directory does not name) is refused; `--insecure`
+says so wherever one looks.  The two-host test runs ZooKeeper and node0 in
+one network namespace and node1 in another, so certificates are checked
+against real non-loopback addresses.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from kazoo.client import KazooClient  # type: ignore[import-untyped]
 from kazoo.exceptions import NoAuthError  # type: ignore[import-untyped]
 
 from examples import wordcount
-from flamestream.client import Client
+from flamestream.client import Client, ClientError
 from flamestream.runtime import tls
 from flamestream.wire import flamestream_pb2 as pb
-from flamestream.wire.security import Credentials
+from flamestream.wire.security import Credentials, clusters_of
 from flamestream.wire.transport import GRPC_OPTIONS
 from tests.test_cluster_e2e import ROOT, Cluster, as_multiset, cli, consume_all, expected_from_input_logs
 
@@ -43,11 +46,13 @@ LINES = [f"the dog {i % 7} saw the cat {i % 3}" for i in range(200)]
 
 @pytest.fixture
 def secure(tmp_path: Path, zookeeper: str, cluster_name: str) -> Iterator[Cluster]:
+    """A cluster `up` secured, as it does unless told `--insecure`."""
     data = tmp_path / "cluster"
-    done = cli("up", "--tls", "--nodes", "2", "--data-dir", str(data), "--zookeeper", zookeeper,
-               "--cluster", cluster_name)
+    done = cli("up", "--nodes", "2", "--data-dir", str(data), "--zookeeper", zookeeper, "--cluster", cluster_name)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"credentials in {data / 'tls'}" in done.stderr
+    assert f"export FLAMESTREAM_CREDENTIALS={data / 'tls'}\n" in done.stderr
+    assert "INSECURE" not in done.stderr
     try:
         yield Cluster(data, zookeeper, cluster_name)
     finally:
@@ -76,27 +81,71 @@ def _push_call(address: str, credentials: grpc.ChannelCredentials | None, token:
     return grpc.StatusCode.OK
 
 
-def test_up_without_tls_warns_that_the_cluster_is_insecure(tmp_path: Path, zookeeper: str, cluster_name: str) -> None:
+@pytest.mark.parametrize("flag", ["--insecure", "--no-tls"])
+def test_up_insecure_says_so_at_up_in_every_node_log_and_in_status(flag: str, tmp_path: Path, zookeeper: str,
+                                                                   cluster_name: str) -> None:
     data = tmp_path / "cluster"
-    done = cli("up", "--nodes", "1", "--data-dir", str(data), "--zookeeper", zookeeper, "--cluster", cluster_name)
+    (data / "tls").mkdir(parents=True)  # what a secured run left behind must not make clients talk TLS
+    tls.init(data / "tls")
+    done = cli("up", flag, "--nodes", "2", "--data-dir", str(data), "--zookeeper", zookeeper, "--cluster",
+               cluster_name)
     try:
         assert done.returncode == 0, done.stderr
-        assert "INSECURE" in done.stderr
-        assert not (data / "tls").exists()
+        assert "WARNING: this cluster is INSECURE (--insecure)" in done.stderr
+        status = cli("status", "--data-dir", str(data))
+        assert "INSECURE" in status.stdout, status.stdout
+        for node in ("node0", "node1"):
+            assert "INSECURE: plaintext gRPC" in (data / "logs" / f"{node}.log").read_text(), node
+        deploy = cli("deploy", "examples/wordcount.py", "--data-dir", str(data))
+        assert deploy.returncode == 0, deploy.stderr
+        with Client(zookeeper, cluster_name) as client:  # plaintext: the nodes advertise no credentials
+            client.push(["an insecure word"])
+            assert client.credentials is None
+        consumed = cli("consume", "--data-dir", str(data), "--limit", "3", "--timeout", "30")
+        assert consumed.returncode == 0 and len(consumed.stdout.splitlines()) == 3, consumed.stderr
     finally:
         cli("down", "--data-dir", str(data))
+
+
+def test_up_tls_is_the_default_spelled_out(tmp_path: Path, zookeeper: str, cluster_name: str) -> None:
+    """`up --tls` stays accepted: the same secured cluster, with a --tls-dir of the user's choice here."""
+    data, own = tmp_path / "cluster", tmp_path / "own-tls"
+    done = cli("up", "--tls", "--tls-dir", str(own), "--nodes", "1", "--data-dir", str(data), "--zookeeper",
+               zookeeper, "--cluster", cluster_name)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert f"credentials in {own}" in done.stderr and not (data / "tls").exists()
+        assert f"secured, credentials in {own}" in cli("status", "--data-dir", str(data)).stdout
+        assert clusters_of(own) == [(zookeeper, cluster_name)]  # where its ZooKeeper digests may go
+    finally:
+        cli("down", "--data-dir", str(data))
+
+
+def test_up_refuses_tls_dir_with_insecure(tmp_path: Path) -> None:
+    done = cli("up", "--insecure", "--tls-dir", str(tmp_path / "tls"), "--data-dir", str(tmp_path / "cluster"))
+    assert done.returncode == 2 and "--insecure has none" in done.stderr
+    assert not (tmp_path / "cluster" / "cluster.json").exists()
 
 
 def test_secure_wordcount_is_exact_and_every_way_around_the_credentials_is_refused(secure: Cluster) -> None:
     tls_dir = secure.data / "tls"
     for secret in ("tokens.json", "zookeeper.json", "ca.key", "client.key"):
         assert stat.S_IMODE((tls_dir / secret).stat().st_mode) == 0o600, secret
+    status = cli("status", "--data-dir", str(secure.data))
+    assert f"secured, credentials in {tls_dir}" in status.stdout and "INSECURE" not in status.stdout
+    assert not any("INSECURE" in (secure.data / "logs" / f"{node}.log").read_text() for node in ("node0", "node1"))
     _deploy(secure)
     with Client(secure.zookeeper, secure.name, credentials=tls_dir) as client:
         client.push(LINES)
         expected = expected_from_input_logs(secure, wordcount.graph())
         got = [(r.time, r.payload) for r in consume_all(client, "tls", len(expected))]
     assert as_multiset(got) == as_multiset(expected)
+    # Told nothing, on the cluster's host: the CLI through --data-dir, the SDK through the nodes' advertisement.
+    pushed = cli("push", "--data-dir", str(secure.data), stdin="told nothing\n")
+    assert pushed.returncode == 0, pushed.stderr
+    with secure.client() as client:
+        assert sorted(r.payload["word"] for r in consume_all(client, "tls", 2)) == ["nothing", "told"]
+        assert client.credentials is not None and client.credentials.directory == tls_dir
 
     front = secure.address("front")
     creds = Credentials.load(tls_dir)
@@ -148,10 +197,30 @@ def test_secure_wordcount_is_exact_and_every_way_around_the_credentials_is_refus
 
 def test_a_client_without_credentials_is_refused(secure: Cluster) -> None:
     _deploy(secure)
-    from flamestream.client import ClientError
+    tls_dir = secure.data / "tls"
+    hidden = secure.data / "elsewhere"
+    tls_dir.rename(hidden)  # the nodes hold theirs in memory; a client finds none where they point
+    try:
+        with Client(secure.zookeeper, secure.name, retries=0) as client, pytest.raises(ClientError) as refused:
+            client.push(["x"])
+        assert "is secured" in str(refused.value) and "FLAMESTREAM_CREDENTIALS" in str(refused.value)
+    finally:
+        hidden.rename(tls_dir)
 
-    with Client(secure.zookeeper, secure.name, retries=0) as client, pytest.raises(ClientError):
-        client.push(["x"])
+
+def test_discovered_zookeeper_digests_go_only_to_the_zookeeper_up_recorded(secure: Cluster) -> None:
+    """The same server by another name is, to the client, another ZooKeeper: it gets the tokens (the TLS handshake
+    proves the nodes), but not the admin digest, so it may push and not deploy."""
+    port = secure.zookeeper.rpartition(":")[2]
+    assert secure.zookeeper == f"127.0.0.1:{port}"
+    _deploy(secure)
+    with Client(f"localhost:{port}", secure.name) as client:
+        client.push(["pushed under another name"])
+        with pytest.raises(ClientError) as refused:
+            client.deploy(wordcount.graph())
+        assert "NoAuthError" in str(refused.value) and "admin digest" in str(refused.value)
+    with Client(secure.zookeeper, secure.name) as client:  # the recorded name: the admin digest, a hand-over
+        assert client.deploy(wordcount.graph()) >= 1
 
 
 # -- two hosts ---------------------------------------------------------------------------------------------

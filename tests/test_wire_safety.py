@@ -387,7 +387,7 @@ def test_hostile_batches_end_only_their_own_call(two_nodes: Cluster, tmp_path: P
         client.push(lines[:40])
         for name, (role, address) in members.items():
             attacks = to_workers if role == "worker" else to_barriers if role == "barrier" else {}
-            with grpc.insecure_channel(address) as channel:
+            with cluster.channel(address, node=True) as channel:  # a peer's certificate: past authentication
                 for what, batch in attacks.items():
                     call = stubs.WorkerStub(channel).Exchange if role == "worker" else \
                         stubs.BarrierStub(channel).Deliver
@@ -399,7 +399,7 @@ def test_hostile_batches_end_only_their_own_call(two_nodes: Cluster, tmp_path: P
             assert _alive(p["pid"]), p
             if p.get("address"):
                 for service in ["", *(name for _role, name in p["members"])]:
-                    assert health(p["address"], service) == "SERVING", (p["name"], service)
+                    assert health(p["address"], service, cluster.state()["tls_dir"]) == "SERVING", (p["name"], service)
         client.push(lines[40:])
         expected = expected_from_input_logs(cluster, wordcount.graph())
         assert len(expected) == sum(len(line.split()) for line in lines)

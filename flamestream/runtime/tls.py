@@ -1,4 +1,4 @@
-"""Creating a ``--tls`` cluster's credentials: CA, node and client certificates, tokens, ZooKeeper digests.
+"""Creating a secured cluster's credentials: CA, node and client certificates, tokens, ZooKeeper digests.
 
 ``flamestream.wire.security`` reads them; this module writes them, and is
 the only one that needs ``cryptography`` (the SDK only reads PEM files).
@@ -30,10 +30,12 @@ from flamestream.wire.security import (
     CLIENT_CERT,
     CLIENT_KEY,
     CLIENT_NAME,
+    CLUSTERS,
     NODE_PREFIX,
     ROLES,
     TOKENS,
     ZOOKEEPER,
+    clusters_of,
     node_cert_paths,
 )
 
@@ -119,7 +121,7 @@ def ensure_node_cert(directory: Path, node: str, host: str) -> None:
 
 
 def init(directory: Path, nodes: Iterable[tuple[str, str]] = ()) -> Path:
-    """Everything a ``--tls`` cluster needs in ``directory``, keeping what exists; ``nodes``: (name, host).
+    """Everything a secured cluster needs in ``directory``, keeping what exists; ``nodes``: (name, host).
 
     Tokens are 32 random bytes each, one per role; the ZooKeeper digests are
     two identities, ``service`` (the nodes) and ``admin`` (deploy, scale).
@@ -138,3 +140,11 @@ def init(directory: Path, nodes: Iterable[tuple[str, str]] = ()) -> Path:
         digests = {identity: f"flamestream-{identity}:{secrets.token_urlsafe(24)}" for identity in ("service", "admin")}
         _write(directory / ZOOKEEPER, json.dumps(digests, indent=2).encode(), 0o600)
     return directory
+
+
+def record_cluster(directory: Path, zookeeper: str, cluster: str) -> None:
+    """Note in ``directory`` that ``up`` started ``cluster`` at ``zookeeper`` with it: a client that discovers the
+    directory offers its ZooKeeper digests only there (``flamestream.wire.security.discover``)."""
+    pairs = clusters_of(directory)
+    if (zookeeper, cluster) not in pairs:
+        _write(directory / CLUSTERS, json.dumps([*map(list, pairs), [zookeeper, cluster]]).encode(), 0o644)

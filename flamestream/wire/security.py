@@ -1,4 +1,5 @@
-"""Transport security of a ``--tls`` cluster: who may call which RPC, and the credentials to prove it.
+"""Transport security of a secured cluster (``flamestream up``'s default): who may call which RPC, and the
+credentials to prove it.
 
 One port serves both peers (other nodes) and clients (SDK, CLI), so the
 server requires a client certificate from everyone (mTLS) and then tells
@@ -14,7 +15,7 @@ user of the cluster and so proves only "signed by our CA".
 Everything here is plain files read with the standard library (the wire
 layer may not depend on ``cryptography``); ``flamestream.runtime.tls``
 creates them.  Layout of a credentials directory (``DIR/tls`` after
-``flamestream up --tls``)::
+``flamestream up``)::
 
     ca.pem                   cluster CA certificate (clients and nodes trust it)
     ca.key                   CA key, 0600 (only ``up``/nodes issuing their own certificate need it)
@@ -22,14 +23,25 @@ creates them.  Layout of a credentials directory (``DIR/tls`` after
     client.pem, client.key   the clients' certificate (CN "client")
     tokens.json              {"push": ..., "consume": ..., "admin": ...}, 0600
     zookeeper.json           {"service": "user:password", "admin": "user:password"}, 0600
+    clusters.json            [["zookeeper host:port", "cluster"], ...]: the clusters ``up`` started with it
+
+How a client finds them without being told (``discover``): every node of a
+secured cluster advertises its directory's path in its (world-readable)
+member info.  A path is not a secret, and anyone may advertise one, so the
+discovered directory is trusted exactly as far as it proves itself: its CA
+must verify the server before a token is sent (the TLS handshake), and its
+ZooKeeper digests are offered only to a ZooKeeper and cluster its
+``clusters.json`` lists — ZooKeeper authenticates nothing, and a digest sent
+to another ZooKeeper is a digest given away.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,9 +54,12 @@ CLIENT_CERT = "client.pem"
 CLIENT_KEY = "client.key"
 TOKENS = "tokens.json"
 ZOOKEEPER = "zookeeper.json"
+CLUSTERS = "clusters.json"
 NODES = "nodes"
 ENV = "FLAMESTREAM_CREDENTIALS"
 """Environment variable naming a credentials directory for the SDK and the CLI."""
+ADVERTISED = "tls_dir"
+"""Member info key: the credentials directory of a secured node ("" for a node serving plaintext)."""
 
 PUSH, CONSUME, ADMIN = "push", "consume", "admin"
 ROLES = (PUSH, CONSUME, ADMIN)
@@ -142,7 +157,7 @@ class _TokenPlugin(grpc.AuthMetadataPlugin):
 
 def find_credentials(explicit: str | os.PathLike[str] | None, data_dir: str | Path | None = None) -> Path | None:
     """Where a client's credentials are: ``explicit``, else ``$FLAMESTREAM_CREDENTIALS``, else ``DATA_DIR/tls``
-    if that exists; None means plaintext (an insecure cluster)."""
+    if that exists; None: not known yet (``discover`` may still find them in the members' advertisement)."""
     if explicit:
         return Path(explicit)
     if os.environ.get(ENV):
@@ -152,8 +167,46 @@ def find_credentials(explicit: str | os.PathLike[str] | None, data_dir: str | Pa
     return None
 
 
+def advertised(members: Iterable[dict[str, Any]]) -> Path | None:
+    """The credentials directory secured members advertise (the first in path order if they differ, so every
+    client picks the same one); None if none is secured."""
+    paths = sorted({str(info.get(ADVERTISED) or "") for info in members} - {""})
+    return Path(paths[0]) if paths else None
+
+
+def clusters_of(directory: Path) -> list[tuple[str, str]]:
+    """The (ZooKeeper, cluster) pairs ``up`` recorded in ``directory`` (none if it recorded none)."""
+    try:
+        pairs = json.loads((directory / CLUSTERS).read_text())
+    except (OSError, ValueError):
+        return []
+    return [(str(p[0]), str(p[1])) for p in pairs if isinstance(p, list) and len(p) == 2] \
+        if isinstance(pairs, list) else []
+
+
+def discover(members: Iterable[dict[str, Any]], zookeeper: str, cluster: str) -> Credentials | None:
+    """The credentials a client without any uses for ``cluster``, found through its members (see the module).
+
+    None: the members serve plaintext.  The ZooKeeper digests are dropped
+    unless the directory records this ZooKeeper and cluster.  A directory
+    this process cannot read is a ValueError saying how to pass credentials.
+    """
+    directory = advertised(members)
+    if directory is None:
+        return None
+    try:
+        found = Credentials.load(directory)
+    except ValueError as exc:
+        raise ValueError(f"cluster {cluster!r} is secured (TLS, role tokens) and its credentials directory "
+                         f"{directory} is not readable here ({exc}); pass credentials=PATH (CLI: --credentials "
+                         f"PATH) or set {ENV}=PATH to a copy of it") from None
+    if (zookeeper, cluster) in clusters_of(directory):
+        return found
+    return dataclasses.replace(found, zookeeper={})
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Checks every call of a ``--tls`` node: node certificate for internal methods, token role for public ones.
+    """Checks every call of a secured node: node certificate for internal methods, token role for public ones.
 
     The check runs inside the handler because only the handler's context has
     the peer's ``auth_context()`` (the interceptor sees method and metadata
