@@ -373,3 +373,36 @@ def test_trim_with_bounded_disorder_keeps_results(window: int, order: list[int],
             below = sum(1 for m in b.metas if m[0].ts < max(0, floor - lag))
             assert below <= window - 1
     assert survivors(live) == in_order(window, items)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(1, 4),
+    keys=st.integers(1, 4),
+    retracted=st.sets(st.integers(0, 23)),
+    every=st.integers(1, 6),
+    lag=st.integers(0, 4),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_snapshot_changes_add_up_to_the_whole_snapshot(window: int, keys: int, retracted: set[int], every: int,
+                                                        lag: int, rnd: random.Random) -> None:
+    """Applying each ``snapshot_changes`` report to the previous state gives exactly ``snapshot`` at every
+    boundary: with disorder, retractions (tombstones overtaking their items too) and trimming in between."""
+    events = [(ts % keys, item(ts, ts)) for ts in range(24)] + [(ts % keys, tomb(item(ts, ts))) for ts in retracted]
+    rnd.shuffle(events)
+    g = Grouping(window)
+    image: dict[Any, Any] = {}
+    trimmed = 0
+    for n, (key, it) in enumerate(events):
+        g.accept(key, it)
+        floor = min((e[1][1].ts for e in events[n + 1:]), default=24)  # nothing below it is still to come
+        at = max(trimmed, floor - lag)
+        if n % every == 0:
+            for changed, entries in g.snapshot_changes(GlobalTime(at, 0)):
+                if entries:
+                    image[changed] = entries
+                else:
+                    image.pop(changed, None)
+            assert image == dict(g.snapshot(GlobalTime(at, 0)))
+        g.trim(GlobalTime(at, 0))
+        trimmed = at

@@ -18,7 +18,13 @@ from flamestream.core.front import stamp_inputs
 from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.meta import GlobalTime
 from flamestream.core.worker import WorkerState
-from flamestream.storage.snapshots import SnapshotError, read_snapshot, snapshot_path, write_snapshot
+from flamestream.storage.snapshots import (
+    SnapshotError,
+    SnapshotImage,
+    read_snapshot,
+    snapshot_path,
+    write_snapshot,
+)
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=2**70),
                     st.floats(allow_nan=False), st.text(), st.binary(max_size=20))
@@ -98,6 +104,33 @@ def test_a_snapshot_file_round_trips_a_workers_state(tmp_path: Path) -> None:
     assert all(type(gt) is GlobalTime for buckets in back.values() for _h, _k, entries in buckets
                for (gt, _trace), _p in entries)
     assert not list(path.parent.glob("*.tmp"))
+
+
+def by_key(state: WorkerState) -> dict[str, dict[Any, tuple[int, Any]]]:
+    return {name: {key: (h, entries) for h, key, entries in buckets} for name, buckets in state.items()}
+
+
+def test_an_image_updated_with_changes_writes_the_state_they_add_up_to(tmp_path: Path) -> None:
+    """``SnapshotImage``: a first report (the whole state), then one that changes a bucket, removes one (no
+    entries), adds one and names a grouping without buckets; the file holds exactly the resulting state."""
+    at, state = handover_state()
+    name = next(n for n, buckets in state.items() if len(buckets) >= 2)
+    (h0, k0, _e0), (h1, k1, e1) = state[name][:2]
+    changes: WorkerState = {name: [(h0, k0, e1), (h1, k1, []), (7, ("new", 1), e1)], "empty": []}
+    image = SnapshotImage()
+    image.update(state)
+    image.update(changes)
+    path = snapshot_path(tmp_path, at, 1)
+    written = image.write(path, boundary=at, worker=1, tick=4)
+    info, back = read_snapshot(path)
+    want = by_key(state)
+    want[name][k0] = (h0, e1)
+    del want[name][k1]
+    want[name][("new", 1)] = (7, e1)
+    want["empty"] = {}
+    assert by_key(back) == want
+    assert info == written and info.keys == sum(map(len, want.values()))
+    assert info.items == sum(len(entries) for buckets in want.values() for _h, entries in buckets.values())
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "magic", "version"])
@@ -184,5 +217,8 @@ def test_chunks_written_one_after_another_decode_in_order() -> None:
     shared = (1, "x")
     parts = [values.encode([shared, {shared: [shared]}]) for _ in range(3)]  # memoized references in each
     assert values.decode_all(b"".join(parts)) == [[shared, {shared: [shared]}]] * 3
+    each = list(values.encode_each([[shared, {shared: [shared]}], shared, "y"]))  # one pickler, memo cleared
+    assert [values.decode(part) for part in each] == [[shared, {shared: [shared]}], shared, "y"]
+    assert values.decode_all(b"".join(each[1:] + each[:1])) == [shared, "y", [shared, {shared: [shared]}]]
     with pytest.raises(ValueError, match="2 values"):
         values.decode(b"".join(parts[:2]))

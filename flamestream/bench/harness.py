@@ -231,8 +231,8 @@ class TreeMeter:
         for key, value in self.cpu_latest.items():
             role = self.roles.get(key, "?")
             by_role[role] = by_role.get(role, 0.0) + value - self.cpu_at_start.get(key, 0.0)
-        return {"cpu_seconds": round(sum(by_role.values()), 2),
-                "cpu_seconds_by_process": {role: round(used, 2) for role, used in sorted(by_role.items())},
+        return {"cpu_seconds": round(sum(by_role.values()), 4),
+                "cpu_seconds_by_process": {role: round(used, 4) for role, used in sorted(by_role.items())},
                 "peak_rss_mb": round(sum(self.peak_rss.values()) / 2**20, 1)}
 
 

@@ -162,7 +162,7 @@ class LocalRuntime:
             while handovers and acker.min_time() >= handovers[0].at:
                 # Everything below the boundary is done: the next tick starts from the merged snapshots.
                 handover = handovers.popleft()
-                state = merge_states(worker.snapshot(handover.at) for worker in workers)
+                state = merge_states([worker.snapshot(handover.at) for worker in workers])
                 result.handed_over.append((handover.at, state))
                 stats.replays += sum(w.replays for w in workers)
                 plan = compile_graph(handover.graph) if handover.graph is not None else plan
