@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
+from flamestream import cli
 from flamestream.runtime import launcher
 from flamestream.runtime.launcher import NodePlan, node_args, plan_nodes
+from flamestream.wire.security import Credentials
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -25,6 +28,7 @@ NODES: dict[str, NodePlan] = {plan.name: plan for plan in plan_nodes(nodes=2, fr
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 IMAGE = "flamestream:local"
 ZOOKEEPER_PORT = 2181
+TLS_DIR = "/tls"
 
 
 def interpolated(text: str) -> str:
@@ -85,7 +89,49 @@ def test_command_is_what_up_runs_for_the_node(name: str) -> None:
     command = SERVICES[name]["command"]
     port = int(command[command.index("--port") + 1])
     assert command == ["python", *node_args(NODES[name], zookeeper=f"zookeeper:{ZOOKEEPER_PORT}",
-                                            cluster="default", data_dir="/data", host=name, port=port)]
+                                            cluster="default", data_dir="/data", host=name, port=port,
+                                            tls_dir=TLS_DIR)]
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> ``volume`` or ``volume:ro`` of a service's named volumes."""
+    found = {}
+    for entry in service.get("volumes", []):
+        volume, path, *mode = entry.split(":")
+        found[path] = ":".join([volume, *mode])
+    return found
+
+
+def test_tls_init_creates_the_credentials_the_nodes_and_the_client_mount_read_only() -> None:
+    """Secured like `up`: one-shot tls-init writes the credentials volume, the nodes serve mTLS with it (read-only),
+    and wait for it; the client service finds the same volume through FLAMESTREAM_CREDENTIALS."""
+    init = SERVICES["tls-init"]
+    assert init["command"] == ["flamestream", "tls-init", TLS_DIR, *(arg for name in sorted(NODES)
+                                                                   for arg in ("--node", name))]
+    assert "restart" not in init  # one-shot
+    assert mounts(init)[TLS_DIR] == "tls" and "tls" in COMPOSE["volumes"]
+    for name in [*NODES, "client"]:
+        service = SERVICES[name]
+        assert mounts(service)[TLS_DIR] == "tls:ro", name
+        assert service["depends_on"]["tls-init"]["condition"] == "service_completed_successfully", name
+    assert SERVICES["client"]["environment"]["FLAMESTREAM_CREDENTIALS"] == TLS_DIR
+
+
+def test_tls_init_issues_each_node_a_certificate_for_its_service_name(tmp_path: Path) -> None:
+    """The tls-init service's own command, run here: node certificates name the host each node advertises."""
+    command = SERVICES["tls-init"]["command"]
+    directory = tmp_path / "tls"
+    assert command[:3] == ["flamestream", "tls-init", TLS_DIR]
+    assert cli.main(["tls-init", str(directory), *command[3:]]) == 0
+    for name in NODES:
+        cert = x509.load_pem_x509_certificate((directory / "nodes" / f"{name}.pem").read_bytes())
+        hosts = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        node_command = SERVICES[name]["command"]
+        assert node_command[node_command.index("--host") + 1] in hosts.get_values_for_type(x509.DNSName)
+        assert node_command[node_command.index("--name") + 1] == name
+    credentials = Credentials.load(directory)  # what the client service reads
+    assert set(credentials.tokens) == {"push", "consume", "admin"} and set(credentials.zookeeper) == {"service",
+                                                                                                      "admin"}
 
 
 @pytest.mark.parametrize("name", sorted(NODES))
@@ -93,8 +139,11 @@ def test_nodes_wait_for_zookeeper_and_restart_on_failure(name: str) -> None:
     service = SERVICES[name]
     assert service["depends_on"]["zookeeper"]["condition"] == "service_healthy"
     assert service["restart"] == "on-failure"
-    # The gRPC health check reads the node's own --host and --port from its command line.
-    assert "/proc/1/cmdline" in service["healthcheck"]["test"][-1]
+    # The gRPC health check reads the node's own --host, --port, --name and --tls-dir from its command line, and
+    # talks TLS: the node serves nothing else.
+    probe = service["healthcheck"]["test"][-1]
+    assert "/proc/1/cmdline" in probe and 'flag("--tls-dir")' in probe and "secure_channel" in probe
+    assert "insecure_channel" not in probe
 
 
 def test_nodes_share_their_data_dir_in_one_volume() -> None:

@@ -1,5 +1,6 @@
-"""The compose deployment for real: `scripts/compose up`, word count through the `client` service, a crashed node
-container, `scripts/compose down` (needs Docker: skipped only where `scripts/compose` says Docker cannot run here).
+"""The compose deployment for real, secured: `scripts/compose up`, word count through the `client` service (with
+the credentials tls-init made), plaintext refused from the host, a crashed node container, `scripts/compose down`
+(needs Docker: skipped only where `scripts/compose` says Docker cannot run here).
 
 Each run is its own compose project (and host port), so a deployment already running on the daemon, or another
 run, is left alone; the module's fixture takes the project down whatever happens.
@@ -133,7 +134,16 @@ def test_only_node0_is_published_on_loopback_and_answers_from_the_host(deploymen
         bound = [(binding["HostIp"], int(binding["HostPort"])) for bindings in ports.values() for binding in
                  bindings or []]
         assert bound == ([("127.0.0.1", CLIENT_PORT)] if service == "node0" else []), service
-    with grpc.insecure_channel(f"127.0.0.1:{CLIENT_PORT}") as channel:
+    address = f"127.0.0.1:{CLIENT_PORT}"
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as plaintext:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert plaintext.value.code() == grpc.StatusCode.UNAVAILABLE  # TLS only: no handshake, no answer
+    # The clients' certificate, out of the credentials volume (what the client service mounts): node0's certificate
+    # names 127.0.0.1 too, so the host reaches it through the published port.
+    ca, cert, key = (ok(compose("run", "--rm", "-T", "--entrypoint", "cat", "client", f"/tls/{name}")).encode()
+                     for name in ("ca.pem", "client.pem", "client.key"))
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    with grpc.secure_channel(address, credentials) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
