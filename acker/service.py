@@ -7,30 +7,47 @@ the table: it tracks global times, whichever tick's items carry them.
 
 All state lives on the event loop thread, so no locks are needed: an ``Ack``
 message is applied, and its min-time change published, without yielding.
+
+Failure detection (issue #11): a batch that never arrives, or a worker that
+stopped working, leaves a global time in flight while the rest completes.
+The stall watch looks every ``STALL_CHECK`` seconds; once a global time is
+stuck for ``--stall-timeout`` (``StallDetector``) it logs it and fails as an
+essential task, so the node exits 1, is restarted, and the cluster recovers
+from its last complete snapshot (``flamestream.runtime.recovery``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
-from flamestream.core.acker import AckTable
+from flamestream.core.acker import AckTable, StallDetector
 from flamestream.core.meta import GlobalTime
 from flamestream.core.tick import Tick
 from flamestream.runtime.channels import LocalEndpoints
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
+from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
-from flamestream.wire import transport
 
 log = role_logger("acker")
 
 AckContext = grpc.aio.ServicerContext[pb.AckBatch, pb.Empty]
 WatchContext = grpc.aio.ServicerContext[pb.Empty, pb.GlobalTime]
+
+STALL_TIMEOUT = 30.0
+"""Default ``--stall-timeout``: seconds a global time may stay in flight while the min time does not move."""
+STALL_CHECK = 0.5
+"""Seconds between the stall watch's looks at the table."""
+
+
+class Stalled(Exception):
+    """A global time stayed in flight far longer than the stream's pace: a lost batch or a stuck worker."""
 
 
 class _Latest:
@@ -76,6 +93,8 @@ class AckerService(pb_grpc.AckerServicer):
         self._watchers: set[_Latest] = set()
         self._closing = False
         self._deployed = asyncio.Event()
+        self._stalls: StallDetector | None = None
+        """The stall watch's view of the current table (None: it starts afresh at its next look)."""
 
     def deploy(self, tick: Tick) -> None:
         """Start tick ``tick`` with an empty table, or, for a hand-over with the same fronts, keep the table.
@@ -93,6 +112,7 @@ class AckerService(pb_grpc.AckerServicer):
             self._handover = tick.start
             return
         self._table = AckTable(tick.fronts, start_ts=tick.start.ts)
+        self._stalls = None  # a new table: what was stuck in the old one is gone
         self._published = None
         self._fronts = frozenset(tick.fronts)
         self._deployed.set()
@@ -115,6 +135,22 @@ class AckerService(pb_grpc.AckerServicer):
         self._published = min_time
         for watcher in self._watchers:
             watcher.put(min_time)
+
+    async def watch_stalls(self, timeout: float) -> None:
+        """Raise ``Stalled`` once a global time is stuck in flight (see ``StallDetector``)."""
+        while True:
+            await asyncio.sleep(STALL_CHECK)
+            table = self._table
+            if table is None:
+                continue
+            if self._stalls is None:
+                self._stalls = StallDetector(timeout)
+            stall = self._stalls.observe(time.monotonic(), table.oldest_in_flight())
+            if stall is not None:
+                raise Stalled(f"global time {stall.time} has been in flight for {stall.seconds:.1f}s (the oldest "
+                              f"in-flight time usually moves on within {stall.typical:.2f}s; {table.in_flight()} "
+                              f"global times in flight, min time {table.min_time()}): a batch was lost or a worker "
+                              "is stuck, so this node exits for the cluster to recover from its last snapshot")
 
     async def Ack(self, request_iterator: AsyncIterator[pb.AckBatch], context: AckContext) -> pb.Empty:
         async for message in request_iterator:
@@ -157,19 +193,23 @@ class AckerRole:
     kind = "acker"
     name = "acker"
 
-    def __init__(self) -> None:
+    def __init__(self, stall_timeout: float = STALL_TIMEOUT) -> None:
         self.service = AckerService()
+        self.stall_timeout = stall_timeout
+        """Seconds a global time may be stuck in flight before the node exits (0: never)."""
 
     def info(self) -> dict[str, Any]:
         return {}
 
     def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
-        pb_grpc.add_AckerServicer_to_server(self.service, server)
+        codec.add_servicer(server, self.service, pb.DESCRIPTOR.services_by_name["Acker"])
         local.streams[transport.ACK] = self.service.Ack
         local.min_time = self.service.WatchMinTime
 
     def start(self, supervisor: Supervisor) -> None:
-        """The acker has no task of its own: it works inside the calls of its senders and watchers."""
+        """The acker works inside the calls of its senders and watchers; its one task is the stall watch."""
+        if self.stall_timeout > 0:
+            supervisor.spawn(self.name, "stall watch", self.service.watch_stalls(self.stall_timeout), essential=True)
 
     async def deploy(self, tick: Tick) -> None:
         self.service.deploy(tick)

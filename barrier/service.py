@@ -40,13 +40,16 @@ from flamestream.runtime import hosting
 from flamestream.runtime.channels import Channels, LocalEndpoints
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
-from flamestream.storage.log import LogError, SegmentedLog
+from flamestream.storage.log import LogError, SegmentedLog, disk_full
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
 
 TOPIC = "output"
 """Topic name under which consumer-group offsets are stored in ZooKeeper."""
+
+DISK_RETRY = 1.0
+"""Seconds between attempts to append to a topic whose disk is full."""
 
 _READ_BATCH = 1000
 """Records a subscriber reads from disk per step: bounds memory and the time a read holds a thread."""
@@ -60,6 +63,9 @@ class _Partition:
     def __init__(self, number: int, directory: Path, on_arrival: bool = False) -> None:
         self.number = number
         self.directory = directory
+        self.logger = role_logger(f"barrier{number}")
+        self.closing = False
+        """The barrier is stopping: an append waiting for disk space gives up (see ``append``)."""
         self.log = SegmentedLog(directory)
         self.end = self.log.end_offset
         """Offset after the last record appended and fsynced, as known on the event loop."""
@@ -90,13 +96,46 @@ class _Partition:
         return self._retired[0] + self.buffer.received, self.released, self._retired[1] + self.buffer.retractions
 
     async def append(self, released: list[Released]) -> None:
+        """Append what is new of ``released`` to the topic, waiting while its disk is full.
+
+        A full disk pauses releases instead of stopping the node: the fronts
+        refuse new input on the same condition (their input logs fill too, or
+        the credit runs out while nothing is released), subscribers keep
+        reading the records below ``end``, and once space returns the
+        remaining records follow in order.  After a failed append only
+        reopening the log tells which records reached it (``SegmentedLog.reopen``).
+        """
         records = self._new_only(released)  # serialized by the workers (codec.to_records)
-        if not records:
-            return
-        first = await asyncio.to_thread(self.log.append_many, records)  # fsyncs: keep it off the loop
-        self.end = first + len(records)
-        self.released += len(records)
-        self.wake()
+        paused = False
+        while records:
+            try:
+                await asyncio.to_thread(self.log.append_many, records)  # fsyncs: keep it off the loop
+                self._appended(len(records))
+                records = []
+            except Exception as exc:
+                if not disk_full(exc):
+                    raise
+                self.log = await asyncio.to_thread(self.log.reopen)
+                written = self.log.end_offset - self.end
+                self._appended(written)
+                records = records[written:]
+                if self.closing:
+                    self.logger.error("stopping with %d records of partition %d held back by a full disk",
+                                      len(records), self.number)
+                    return
+                if not paused:
+                    self.logger.warning("disk full: partition %d holds %d records back until space returns (%s)",
+                                      self.number, len(records), exc)
+                paused = True
+                await asyncio.sleep(DISK_RETRY)
+        if paused:
+            self.logger.warning("space returned: partition %d releases again", self.number)
+
+    def _appended(self, records: int) -> None:
+        if records:
+            self.end += records
+            self.released += records
+            self.wake()
 
     def _new_only(self, released: list[Released]) -> list[bytes]:
         """The records of ``released`` that the topic does not hold yet.
@@ -227,6 +266,7 @@ class BarrierService(pb_grpc.BarrierServicer):
         """End every subscription (with UNAVAILABLE, so consumers know to reconnect)."""
         self._closing = True
         for partition in self._partitions.values():
+            partition.closing = True
             partition.wake()
 
     async def shutdown(self) -> None:
@@ -407,7 +447,7 @@ class BarrierRole:
 
     def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
         self.service = BarrierService(self._store, self._partitions, local, self._on_arrival, self.name)
-        pb_grpc.add_BarrierServicer_to_server(self.service, server)
+        codec.add_servicer(server, self.service, pb.DESCRIPTOR.services_by_name["Barrier"])
         local.streams[transport.DELIVER] = self.service.Deliver
 
     def start(self, supervisor: Supervisor) -> None:

@@ -25,15 +25,17 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from flamestream import roles
+from flamestream.acker.service import STALL_TIMEOUT
 from flamestream.client import Client, ClientError, PushResult, Record
 from flamestream.cluster import ClusterStore
 from flamestream.core.functions import Allowed, FunctionRefError
@@ -42,10 +44,11 @@ from flamestream.core.local import LocalRuntime
 from flamestream.core.oracle import run_oracle
 from flamestream.core.payload import check_payload, decode_payload, encode_payload
 from flamestream.loader import load_graph, read_inputs
-from flamestream.runtime import launcher
+from flamestream.runtime import launcher, tls
 from flamestream.runtime.heap import tune_gc
-from flamestream.runtime.node import add_allow_module_argument
-from flamestream.wire.security import find_credentials
+from flamestream.runtime.node import add_allow_module_argument, timeout_seconds
+from flamestream.runtime.restarts import HANG_TIMEOUT
+from flamestream.wire.security import ENV, find_credentials
 
 
 def to_json(payload: Any) -> str:
@@ -63,6 +66,13 @@ def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -106,9 +116,14 @@ def cluster_name(text: str) -> str:
     return text
 
 
-TLS_BY_DEFAULT = False
-"""Whether ``up`` secures the cluster unless told ``--no-tls``: off this round (every existing test and SDK user
-would need credentials first); flipping it is this one line."""
+INSECURE_BANNER = """\
+flamestream: ****************************************************************************************
+flamestream: WARNING: this cluster is INSECURE (--insecure): plaintext gRPC, no authentication, open
+flamestream: ZooKeeper ACLs. Whoever reaches its ports or its ZooKeeper can push, read the topic, reset
+flamestream: consumer offsets, forge acks and exchanges, or deploy code the nodes will run.
+flamestream: For development on a trusted machine only; without --insecure `up` secures the cluster.
+flamestream: ****************************************************************************************"""
+"""What ``up --insecure`` prints on stderr: loud, since nothing else stops anyone."""
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,14 +138,17 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_credentials_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--credentials", metavar="PATH",
-                        help="credentials directory of a `up --tls` cluster (CA, client certificate, tokens); default "
-                             "$FLAMESTREAM_CREDENTIALS, else the one recorded in the --data-dir cluster's cluster.json")
+                        help="credentials directory of the cluster (CA, client certificate, tokens: DIR/tls of its "
+                             "`up`); default $FLAMESTREAM_CREDENTIALS, else the one the --data-dir cluster recorded, "
+                             "else (with --zookeeper) the one its nodes advertise, if readable here")
 
 
 def credentials_of(args: argparse.Namespace) -> str | None:
-    """``--credentials``, else ``$FLAMESTREAM_CREDENTIALS``, else the ``up --tls`` record of the data dir's cluster,
-    else ``DIR/tls`` if it exists; None: plaintext.  With ``--zookeeper`` only the first two: the data dir then
-    says nothing about that cluster."""
+    """``--credentials``, else ``$FLAMESTREAM_CREDENTIALS``, else what the data dir's cluster recorded (its
+    ``tls_dir``: none for an ``--insecure`` one, whatever an earlier run left in ``DIR/tls``), else ``DIR/tls`` if
+    it exists (a data dir copied from the cluster's host, with no cluster.json); None leaves it to the client
+    (``Client``: the members' advertisement).  With ``--zookeeper`` only the first two: the data dir then says
+    nothing about that cluster."""
     explicit = find_credentials(getattr(args, "credentials", None))
     if explicit is not None:
         return str(explicit)
@@ -139,9 +157,9 @@ def credentials_of(args: argparse.Namespace) -> str | None:
     data_dir = Path(getattr(args, "data_dir", None) or DEFAULT_DATA_DIR).resolve()
     with contextlib.suppress(ValueError):
         state = launcher.load_state(data_dir)
-        if state is not None and state.tls_dir:
-            return state.tls_dir
-    found = find_credentials(None, data_dir)  # DIR/tls, e.g. copied from the cluster's host
+        if state is not None:
+            return state.tls_dir or None
+    found = find_credentials(None, data_dir)
     return str(found) if found is not None else None
 
 
@@ -178,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-segment-bytes", type=positive, metavar="BYTES",
                     help="the fronts' input-log segment size; retention deletes whole segments below the oldest "
                          "retained complete snapshot (default 64 MiB)")
+    up.add_argument("--memory-budget-mb", type=non_negative, default=0, metavar="MB",
+                    help="every worker's memory budget: while a worker's process is resident above it the fronts "
+                         "admit nothing (RESOURCE_EXHAUSTED naming it, transient); 0 = none (default)")
     up.add_argument("--log-format", choices=("text", "json"), default="text",
                     help="the nodes' logs (DIR/logs/<node>.log): text (default) or json lines")
     up.add_argument("--guarantees", choices=("exactly-once", "off"), default="exactly-once",
@@ -189,14 +210,25 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--cluster", type=cluster_name, default="default", help="cluster name, default 'default'")
     up.add_argument("--timeout", type=seconds, default=launcher.DEFAULT_TIMEOUT,
                     help=f"seconds to wait for everything to serve, default {launcher.DEFAULT_TIMEOUT:g}")
-    up.add_argument("--tls", action=argparse.BooleanOptionalAction, default=TLS_BY_DEFAULT,
-                    help="secure the cluster: mTLS between nodes, TLS + role tokens for clients, ZooKeeper ACLs; "
-                         "credentials go to DIR/tls (opt-in for now: without it the cluster is INSECURE)")
+    security = up.add_mutually_exclusive_group()
+    security.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
+                          help="secure the cluster (the default): mTLS between nodes, TLS + role tokens for clients, "
+                               "ZooKeeper digest ACLs; credentials go to DIR/tls. --no-tls is --insecure")
+    security.add_argument("--insecure", dest="tls", action="store_false",
+                          help="development only: plaintext gRPC, no authentication, open ZooKeeper ACLs (says so "
+                               "loudly: at up, in every node's log, in status)")
     up.add_argument("--tls-dir", metavar="PATH",
-                    help="with --tls (implied): use and complete this credentials directory instead of DIR/tls, "
-                         "e.g. one holding your own ca.pem + ca.key, or prepared nodes/<name>.pem + .key")
+                    help="use and complete this credentials directory instead of DIR/tls, e.g. one holding your own "
+                         "ca.pem + ca.key, or prepared nodes/<name>.pem + .key")
     up.add_argument("--no-supervise", dest="supervise", action="store_false",
                     help="do not leave a supervisor running that restarts crashed nodes (it runs by default)")
+    up.add_argument("--hang-timeout", type=timeout_seconds, metavar="S",
+                    help="the supervisor kills (SIGKILL) and restarts a node that answered its health check before "
+                         f"but not for S seconds; 0 = never (default {HANG_TIMEOUT:g})")
+    up.add_argument("--stall-timeout", type=timeout_seconds, metavar="S",
+                    help="the acker's node exits, so the cluster recovers, when a global time stays in flight S "
+                         f"seconds while the min time does not move (a lost batch); 0 = never (default "
+                         f"{STALL_TIMEOUT:g})")
     add_allow_module_argument(up)  # passed on to every node
 
     node = sub.add_parser("node", help="run one node process hosting the given roles (what `up` starts)",
@@ -219,6 +251,18 @@ def build_parser() -> argparse.ArgumentParser:
     supervise.set_defaults(handler=cmd_supervise)
     supervise.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"the cluster's data directory "
                                                                         f"(default {DEFAULT_DATA_DIR})")
+    supervise.add_argument("--hang-timeout", type=timeout_seconds, default=HANG_TIMEOUT, metavar="S",
+                           help="kill (SIGKILL) and restart a node that answered its health check before but not for "
+                                f"S seconds; 0 = never (default {HANG_TIMEOUT:g})")
+
+    tls_init = sub.add_parser("tls-init", help="create a secured cluster's credentials for nodes started by hand "
+                                               "(what `up` does in DIR/tls; docker-compose's tls-init service)")
+    tls_init.set_defaults(handler=cmd_tls_init)
+    tls_init.add_argument("directory", help="credentials directory; what is already there is kept (bring your own "
+                                            "ca.pem + ca.key to have certificates issued by your CA)")
+    tls_init.add_argument("--node", action="append", default=[], type=node_host, metavar="NAME[=HOST]",
+                          help="issue node NAME's certificate (nodes/NAME.pem) for HOST, its --host (default NAME); "
+                               "repeatable. A node without one issues its own at start if it can read ca.key")
 
     deploy = sub.add_parser("deploy", help="run a graph on the cluster from now on (taking over the running "
                                            "graph's state)")
@@ -336,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=1, help="seed of the input and the arrival times (default 1)")
     bench.add_argument("--out", default="bench-results", help="results directory (default bench-results)")
     bench.add_argument("--tls", action="store_true",
-                       help="also run flamestream exactly-once as `up --tls` (reported as 'flamestream (TLS)')")
+                       help="also run flamestream exactly-once secured, as `up` runs it by default (reported as "
+                            "'flamestream (TLS)'); the other flamestream runs are `up --insecure`")
     bench.add_argument("--drain-timeout", type=seconds, default=60.0,
                        help="seconds a run may take after pushing to finish its events (default 60)")
     return parser
@@ -533,7 +578,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for _gt, _trace, payload in result.output:
             out.write(record_text(payload) + "\n")
         rejected = result.rejected
-        stats = {**result.stats.__dict__, "replay_overhead": result.stats.replay_overhead}
+        stats = {**asdict(result.stats), "replay_overhead": result.stats.replay_overhead}
     for payload in rejected:
         print(f"flamestream: rejected at the front (invalid payload, or the balancing function failed): "
               f"{record_text(payload)}", file=sys.stderr)
@@ -557,6 +602,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         launcher.state_path(data_dir).unlink()
         print(f"flamestream: removed the record of an earlier cluster in {data_dir}: none of its processes is "
               "running", file=sys.stderr)
+    if args.tls_dir and not args.tls:
+        raise UsageError("--tls-dir gives the credentials of a secured cluster; --insecure has none")
     options = launcher.UpOptions(data_dir=data_dir, nodes=args.nodes, fronts=args.fronts,
                                  placement=args.placement, log_format=args.log_format,
                                  snapshot_interval_ms=args.snapshot_interval_ms,
@@ -564,8 +611,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                                  cluster=args.cluster, timeout=args.timeout,
                                  exactly_once=args.guarantees == "exactly-once",
                                  allow_modules=tuple(args.allow_module), supervise=args.supervise,
-                                 tls_dir=(Path(args.tls_dir) if args.tls_dir else data_dir / "tls")
-                                 if args.tls or args.tls_dir else None)
+                                 hang_timeout=args.hang_timeout, stall_timeout=args.stall_timeout,
+                                 memory_budget_mb=args.memory_budget_mb,
+                                 tls_dir=Path(args.tls_dir or data_dir / "tls") if args.tls else None)
     try:
         launcher.plan_nodes(options.nodes, options.fronts, options.placement)
     except ValueError as exc:
@@ -580,13 +628,30 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     print(launcher.format_endpoints(state.endpoints()), flush=True)
     if state.tls_dir:
-        print(f"flamestream: TLS on; credentials in {state.tls_dir} (clients: --credentials {state.tls_dir} or "
-              f"FLAMESTREAM_CREDENTIALS; tokens in {state.tls_dir}/tokens.json)", file=sys.stderr)
+        print(f"flamestream: secured (mTLS, role tokens, ZooKeeper ACLs); credentials in {state.tls_dir}: the CLI "
+              f"finds them through --data-dir, the SDK on this host through the nodes; elsewhere, with a copy:\n"
+              f"export {ENV}={shlex.quote(state.tls_dir)}", file=sys.stderr)
     else:
-        print("flamestream: warning: this cluster is INSECURE (plaintext gRPC, no authentication, open ZooKeeper "
-              "ACLs); use `flamestream up --tls`", file=sys.stderr)
+        print(INSECURE_BANNER, file=sys.stderr)
     print(f"flamestream: cluster {state.cluster!r} is up; logs in {data_dir / launcher.LOG_DIR}; "
           f"stop it with `flamestream down --data-dir {args.data_dir}`", file=sys.stderr)
+    return 0
+
+
+def node_host(text: str) -> tuple[str, str]:
+    name, _, host = text.partition("=")
+    if not name:
+        raise argparse.ArgumentTypeError(f"expected NAME or NAME=HOST, got {text!r}")
+    return name, host or name
+
+
+def cmd_tls_init(args: argparse.Namespace) -> int:
+    try:
+        directory = tls.init(Path(args.directory), args.node)
+    except ValueError as exc:  # a node certificate without the CA key to issue it
+        raise UsageError(str(exc)) from None
+    print(f"flamestream: credentials in {directory} (nodes: --tls-dir {directory}; clients: "
+          f"export {ENV}={shlex.quote(str(directory))})", file=sys.stderr)
     return 0
 
 
@@ -630,7 +695,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = [(p.name, p.role, str(p.pid), "running" if launcher.is_alive(p.pid, p.started) else "gone",
              f"restarts {p.restarts}", p.address or "-") for p in state.processes]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    print(f"cluster {state.cluster!r} (ZooKeeper {state.zookeeper})")
+    security = f"secured, credentials in {state.tls_dir}" if state.tls_dir else "INSECURE: plaintext, no authentication"
+    print(f"cluster {state.cluster!r} (ZooKeeper {state.zookeeper}; {security})")
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
@@ -640,7 +706,7 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     from flamestream.runtime import restarts
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return restarts.supervise(Path(args.data_dir).resolve())
+    return restarts.supervise(Path(args.data_dir).resolve(), args.hang_timeout)
 
 
 def cluster_address(args: argparse.Namespace) -> tuple[str, str]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from kazoo.exceptions import KazooException  # type: ignore[import-untyped]
+from kazoo.exceptions import KazooException, NoAuthError  # type: ignore[import-untyped]
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, WORKER, ClusterStore, LeaseMoved
 from flamestream.core.functions import Allowed
@@ -45,7 +45,7 @@ from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.payload import PayloadError, decode_payload, encode_event
 from flamestream.core.tick import Layout, Tick
 from flamestream.wire import flamestream_pb2 as pb
-from flamestream.wire.security import Credentials, find_credentials
+from flamestream.wire.security import ENV, Credentials, discover, find_credentials
 from flamestream.wire.transport import channel as open_channel
 
 T = TypeVar("T")
@@ -220,18 +220,24 @@ class AsyncClient:
     (FAILED_PRECONDITION, UNAVAILABLE) are retried, the delay doubling from
     ``backoff`` up to 2 s; the defaults ride out roughly 5 s.
 
-    ``credentials``: the directory ``flamestream up --tls`` made (``DIR/tls``, or a copy with only the tokens
-    this user may have); default ``$FLAMESTREAM_CREDENTIALS``; neither means plaintext (an insecure cluster).
-    Each call carries the token of the role it needs, and ZooKeeper writes (deploy, scale) use its admin digest.
+    ``credentials``: the directory ``flamestream up`` made (``DIR/tls``, or a copy with only the tokens this
+    user may have); default ``$FLAMESTREAM_CREDENTIALS``.  Neither: the directory the cluster's nodes advertise
+    in ZooKeeper, if this process can read it (the cluster's own host), for calls to the nodes, and for ZooKeeper
+    writes only if ``up`` recorded this ZooKeeper and cluster in it (``security.discover``); a cluster whose
+    nodes advertise none is insecure and talked to in plaintext.  Each call carries the token of the role it
+    needs, and ZooKeeper writes (deploy, scale) use its admin digest.
     """
 
     def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = 6, backoff: float = 0.1,
                  rpc_timeout: float = 30.0, connect_timeout: float = 10.0,
                  credentials: str | os.PathLike[str] | None = None) -> None:
         path = find_credentials(credentials)
-        self.credentials = Credentials.load(path) if path is not None else None
-        self._channel_credentials = self.credentials.channel_credentials(with_tokens=True) if self.credentials \
-            else None
+        self._discovering = path is None
+        """No credentials were given: take those the members advertise (``_discover``)."""
+        self.credentials: Credentials | None = None
+        self._channel_credentials: grpc.ChannelCredentials | None = None
+        if path is not None:
+            self._use(Credentials.load(path))
         self.zookeeper = zookeeper
         self.cluster = cluster
         self.retries = retries
@@ -239,6 +245,8 @@ class AsyncClient:
         self.rpc_timeout = rpc_timeout
         self.connect_timeout = connect_timeout
         self._store: ClusterStore | None = None
+        self._retired: list[ClusterStore] = []
+        """Sessions replaced by one with the discovered admin digest (``_discover``), stopped by ``close``."""
         self._members: dict[str, dict[str, dict[str, Any]]] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._sequences: dict[str, int] = {}
@@ -265,9 +273,29 @@ class AsyncClient:
         channels, self._channels = list(self._channels.values()), {}
         for chan in channels:
             await chan.close()
-        store, self._store = self._store, None
-        if store is not None:
+        stores, self._store, self._retired = [*self._retired, *filter(None, [self._store])], None, []
+        for store in stores:
             await asyncio.to_thread(store.stop)
+
+    def _use(self, credentials: Credentials) -> None:
+        self.credentials = credentials
+        self._channel_credentials = credentials.channel_credentials(with_tokens=True)
+
+    async def _discover(self, members: dict[str, dict[str, Any]]) -> None:
+        """Take the credentials the first secured members advertise (once; see the class).  Members are read before
+        any channel opens, so every channel is opened with them; a session without the admin digest gives way to
+        one with it, the old one closed with the client (a call running on it meanwhile finishes)."""
+        try:
+            found = discover(members.values(), self.zookeeper, self.cluster)
+        except ValueError as exc:
+            raise ClientError(str(exc)) from None
+        if found is None:
+            return
+        self._discovering = False
+        self._use(found)
+        if found.zookeeper and self._store is not None:
+            self._retired.append(self._store)
+            self._store = None  # the next ZooKeeper call opens a session with the admin digest
 
     # -- membership ----------------------------------------------------------------------------------------
 
@@ -289,14 +317,21 @@ class AsyncClient:
         store = await self._cluster_store()
         try:
             return await asyncio.to_thread(call, store)
+        except NoAuthError:
+            raise ClientError(f"{what} in ZooKeeper at {self.zookeeper} was refused (NoAuthError): cluster "
+                              f"{self.cluster!r} is secured, and its writes need the admin digest of its credentials "
+                              f"directory: pass credentials=PATH (CLI: --credentials PATH, or the --data-dir of its "
+                              f"`up`) or set {ENV}=PATH") from None
         except KazooException as exc:
             raise ClientError(f"{what} in ZooKeeper at {self.zookeeper} failed: {type(exc).__name__} {exc}") from None
 
     async def members(self, role: str) -> dict[str, dict[str, Any]]:
         """Registered members of ``role`` by name (cached until a member turns out unreachable)."""
         if role not in self._members:
-            self._members[role] = await self._in_zookeeper(f"reading the {role} members",
-                                                           lambda store: store.members(role))
+            found = await self._in_zookeeper(f"reading the {role} members", lambda store: store.members(role))
+            if self._discovering:
+                await self._discover(found)
+            self._members[role] = found
         return self._members[role]
 
     def _forget_members(self) -> None:
@@ -617,7 +652,8 @@ class AsyncClient:
         """
         _check_group(group)
         self._group = group
-        partitions = sorted(await self._barriers())
+        # Retried like every call: a consumer (re)started while the cluster recovers finds no barrier for a while.
+        partitions = sorted(await self._retry("finding the barriers", self._barriers))
         starts = {p: await self.committed(group, p) if from_committed else 0 for p in partitions}
         # Bounded: a slow consumer holds back the subscriptions instead of buffering without limit.  Entries are
         # the records of one barrier message (one queue operation per message, not per record).
@@ -712,6 +748,11 @@ class Client:
 
     def __enter__(self) -> Client:
         return self
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The credentials in use, given or found (see ``AsyncClient``); None: none so far, plaintext."""
+        return self._client.credentials
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -254,6 +254,15 @@ class ClusterStore:
         """Current members of ``role`` by name, with the info they registered."""
         return {name: info for name, (info, _version) in self._read_children(self._role_path(role)).items()}
 
+    def watch_members(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from kazoo's event thread) whenever a member of any role joins or leaves, and once
+        per role now; until ``stop()``.  A member's info changes only by its node being created again (a restart
+        replacing its predecessor, a registration after an expired session), so that is a change too."""
+        for role in SERVICE_ROLES:
+            path = self._role_path(role)
+            self._zk.ensure_path(path)
+            self._zk.ChildrenWatch(path, lambda _names: callback())
+
     def wait_for_members(self, role: str, count: int, timeout: float) -> dict[str, dict[str, Any]]:
         """Block until at least ``count`` members of ``role`` are registered, then return them all.
 
@@ -401,12 +410,8 @@ class ClusterStore:
 
     def report_load(self, worker: int, buckets: list[int]) -> None:
         """Worker ``worker`` processed ``buckets[b]`` items of hash bucket ``b`` (cumulative; ephemeral)."""
-        path = f"{self.base}/load/worker{_check_count('worker', worker)}"
-        data = _encode({"buckets": [_check_count("load", n) for n in buckets]})
-        try:
-            self._zk.set(path, data)
-        except NoNodeError:
-            self._zk.create(path, data, ephemeral=True, makepath=True)
+        self._put_ephemeral(f"{self.base}/load/worker{_check_count('worker', worker)}",
+                            _encode({"buckets": [_check_count("load", n) for n in buckets]}))
 
     def loads(self) -> list[int]:
         """Items per hash bucket, summed over every live worker's report (empty when nobody reported)."""
@@ -415,6 +420,36 @@ class ClusterStore:
             buckets = [int(n) for n in info["buckets"]]
             total = [a + b for a, b in zip(total, buckets, strict=True)] if total else buckets
         return total
+
+    # -- memory pressure -----------------------------------------------------
+
+    def report_pressure(self, worker: int, reason: str | None) -> None:
+        """Worker ``worker`` is over its memory budget (``reason`` says how far), or with None no longer.
+        Ephemeral, so a dead worker holds nothing back; a worker over its budget says so again every time it
+        measures, which also puts the node back after an expired session dropped it."""
+        path = f"{self.base}/pressure/worker{_check_count('worker', worker)}"
+        if reason is None:
+            with contextlib.suppress(NoNodeError):
+                self._zk.delete(path)
+        else:
+            self._put_ephemeral(path, _encode({"reason": reason}))
+
+    def pressure(self) -> dict[str, str]:
+        """Worker name -> why, for every worker over its memory budget now."""
+        return {name: str(info.get("reason", "")) for name, (info, _version) in
+                self._read_children(f"{self.base}/pressure").items()}
+
+    def watch_pressure(self, callback: Callable[[dict[str, str]], None]) -> None:
+        """Call ``callback(self.pressure())`` (from kazoo's event thread) now and whenever a worker goes over its
+        memory budget or back under it; until ``stop()``."""
+        self._zk.ensure_path(f"{self.base}/pressure")
+        self._zk.ChildrenWatch(f"{self.base}/pressure", lambda _names: callback(self.pressure()))
+
+    def _put_ephemeral(self, path: str, data: bytes) -> None:
+        try:
+            self._zk.set(path, data)
+        except NoNodeError:
+            self._zk.create(path, data, ephemeral=True, makepath=True)
 
     # -- snapshots -----------------------------------------------------------
 

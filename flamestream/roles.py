@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from flamestream.acker.service import AckerRole
+from flamestream.acker.service import STALL_TIMEOUT, AckerRole
 from flamestream.barrier.service import BarrierRole
 from flamestream.cluster import ClusterStore
 from flamestream.core.functions import Allowed, set_process_policy
@@ -23,7 +23,7 @@ from flamestream.core.hashing import INT32_MAX
 from flamestream.fronts.service import MAX_IN_FLIGHT_EVENTS, MAX_PUSH_BYTES, SEGMENT_BYTES, FrontRole
 from flamestream.runtime import hosting, logs, tls
 from flamestream.runtime.channels import LocalEndpoints
-from flamestream.runtime.node import Node, Role, add_arguments
+from flamestream.runtime.node import Node, Role, add_arguments, timeout_seconds
 from flamestream.wire.security import Credentials
 from flamestream.workers.service import WorkerRole
 
@@ -75,6 +75,10 @@ def add_role_arguments(parser: argparse.ArgumentParser) -> None:
                              "the min time passes it (DIR/snapshots; needs --data-dir); 0 = off (default 1000)")
     worker.add_argument("--snapshot-retention", type=_count(1, "--snapshot-retention"), default=2,
                         help="complete snapshots kept; older ones are deleted (default 2)")
+    worker.add_argument("--memory-budget-mb", type=_count(0, "--memory-budget-mb"), default=0, metavar="MB",
+                        help="while the process is resident above this, the fronts admit nothing (pushes wait, then "
+                             "get RESOURCE_EXHAUSTED naming the worker) until it is back under 90%% of it; 0 = no "
+                             "budget (default)")
     front = parser.add_argument_group("front options")
     front.add_argument("--report-interval-ms", type=_count(1, "--report-interval-ms"), default=5,
                        help="how often to report the front's time to the acker, default 5")
@@ -89,6 +93,11 @@ def add_role_arguments(parser: argparse.ArgumentParser) -> None:
                        default=MAX_IN_FLIGHT_EVENTS,
                        help="admitted events not yet complete before pushes wait, then get RESOURCE_EXHAUSTED "
                             f"(backpressure), default {MAX_IN_FLIGHT_EVENTS}")
+    acker = parser.add_argument_group("acker options")
+    acker.add_argument("--stall-timeout", type=timeout_seconds, default=STALL_TIMEOUT, metavar="S",
+                       help="exit 1 (so the cluster recovers) when a global time stays in flight S seconds, and far "
+                            "longer than the stream's pace, while the min time does not move: a lost batch or a "
+                            f"stuck worker; 0 = never (default {STALL_TIMEOUT:g})")
     barrier = parser.add_argument_group("barrier options")
     barrier.add_argument("--release", choices=("after-min-time", "on-arrival"), default="after-min-time",
                          help="after-min-time (exactly-once, default) or on-arrival: guarantees off, for benchmarks "
@@ -128,11 +137,12 @@ async def serve(args: argparse.Namespace) -> int:
                          writers=list(credentials.zookeeper.values()) if credentials else ())
     roles: list[Role] = []
     if args.acker:
-        roles.append(AckerRole())
+        roles.append(AckerRole(args.stall_timeout))
     if args.worker is not None:
         roles.append(WorkerRole(args.worker, store, args.data_dir, batch_items=args.batch_items,
                                 linger_ms=args.linger_ms, snapshot_interval_ms=args.snapshot_interval_ms,
-                                snapshot_retention=args.snapshot_retention))
+                                snapshot_retention=args.snapshot_retention,
+                                memory_budget_mb=args.memory_budget_mb))
     if args.front is not None:
         roles.append(await FrontRole.open(args.front, args.data_dir, local, store,
                                           report_interval_ms=args.report_interval_ms,
@@ -143,7 +153,7 @@ async def serve(args: argparse.Namespace) -> int:
     if args.barrier:
         roles.append(BarrierRole(store, args.data_dir, args.barrier, args.release == "on-arrival"))
     node = Node(node_name(args), roles, store, local, host=args.host, port=args.port,
-                data_dir=args.data_dir, credentials=credentials)
+                data_dir=args.data_dir, credentials=credentials, stream_timeout=args.stream_timeout)
     return await node.run()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import time
 from collections import deque
@@ -32,7 +31,7 @@ from flamestream.runtime.channels import Channels, LocalEndpoints, Stream
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
 from flamestream.storage.input_log import Truncation, decode_record, encode_record, front_log_dir, plan_truncation
-from flamestream.storage.log import LogError, SegmentedLog
+from flamestream.storage.log import LogError, SegmentedLog, disk_full
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
@@ -70,15 +69,22 @@ class _Route:
         self.acker: Stream[pb.AckBatch] = self._channels.stream(tick.acker, transport.ACK, f"acker at {tick.acker}")
         self.watch: asyncio.Task[None] | None = None
         """Follows the acker's min time for the front's credit (``FrontService._watch_min_time``)."""
+        self.min_time = GlobalTime(-1, -1)
+        """The acker's latest min time."""
+        self.resend: asyncio.Task[None] | None = None
+        """A recovery tick's re-send of the logged events (``FrontService._resend``), while it runs."""
+        self.resend_floor: int | None = None
+        """While the re-send runs, the stamp of the next logged event it has not sent: no report passes it."""
 
     def watch_min_time(self) -> Any:
         """The acker's min-time stream (an async iterator of ``pb.GlobalTime``)."""
         return self._channels.watch_min_time(self.tick.acker)
 
     async def close(self) -> None:
-        if self.watch is not None:
-            self.watch.cancel()
-            await asyncio.gather(self.watch, return_exceptions=True)
+        tasks = [task for task in (self.watch, self.resend) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._channels.close()
 
 
@@ -140,6 +146,9 @@ PROMISE_STEP_MS = 1000
 RESEND_BATCH = 1000
 """Events per batch when a recovery sends the logged events again."""
 
+RESEND_WINDOW = 2
+"""Re-sent batches in flight at once: the next waits until the min time passed the one this many before it."""
+
 
 def _logged_since(log: SegmentedLog, start: GlobalTime) -> list[tuple[GlobalTime, Trace, Any]]:
     """The logged events stamped at or after ``start``, in log (= stamp) order: read from the end backwards,
@@ -154,14 +163,16 @@ def _logged_since(log: SegmentedLog, start: GlobalTime) -> list[tuple[GlobalTime
     return found[::-1]
 
 
-def _disk_full(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what caused it) is the disk or the quota running out: a condition freeing space ends."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+def _whole_milliseconds(events: list[tuple[GlobalTime, Trace, Any]],
+                        size: int) -> list[list[tuple[GlobalTime, Trace, Any]]]:
+    """``events`` (in stamp order) cut into chunks of about ``size`` that end where a millisecond does: a report
+    at the next chunk's first stamp then passes every event of the chunk, so the min time can pass it."""
+    chunks: list[list[tuple[GlobalTime, Trace, Any]]] = []
+    for event in events:
+        if not chunks or (len(chunks[-1]) >= size and event[0].ts > chunks[-1][-1][0].ts):
+            chunks.append([])
+        chunks[-1].append(event)
+    return chunks
 
 
 def _read_promise(path: Path) -> int:
@@ -193,7 +204,9 @@ class FrontService(rpc.FrontServicer):
         """(last global time, events) of each admission not known complete: what the credit counts."""
         self._in_flight_events = 0
         self._progress = asyncio.Event()
-        """Set whenever the min time retires admissions: wakes pushes waiting for credit."""
+        """Set whenever the min time moves or the pressure changes: wakes pushes waiting for credit."""
+        self._pressure: dict[str, str] = {}
+        """Workers over their memory budget (name -> why): nothing is admitted while any is."""
         self.local = local
         self.logger = role_logger(f"front{front_id}")
         self.max_event_bytes = max_event_bytes
@@ -221,6 +234,7 @@ class FrontService(rpc.FrontServicer):
         self._lock = asyncio.Lock()
         """Orders pushes and reports: a report is written after the acks of everything stamped before it."""
         self._reports: asyncio.Task[None] | None = None
+        self._supervisor: Supervisor | None = None
         self._report_owed = False
         """A report was held back at the persisted promise (the promise file could not be written)."""
 
@@ -276,7 +290,11 @@ class FrontService(rpc.FrontServicer):
                 if route is not None:
                     self._clock.report(tick.start.ts)  # the tick covers times from its start on
                 if route is not None and tick.recovery:
-                    await self._resend(route, tick.start)
+                    # Paced, after deploy returns: the node still has to deploy this tick to its other roles.
+                    route.resend_floor = tick.start.ts
+                    assert self._supervisor is not None, "start_reports comes before any deploy"
+                    route.resend = self._supervisor.spawn(f"front{self.front_id}", f"re-send for tick {tick.number}",
+                                                          self._resend(route, tick.start), finite=True)
                 if self._next is not None:
                     await self._next.close()
                     self._next = None
@@ -291,17 +309,38 @@ class FrontService(rpc.FrontServicer):
         acknowledged only once logged), so sending them again with their
         original global times and traces reproduces the stream the crash
         interrupted, and the barriers drop what they had released already.
-        Called with the lock held: no push or report comes between, and the
-        report after the resend is what lets the new acker's min time pass it.
+
+        Paced: at most ``RESEND_WINDOW`` batches in flight, each followed by a
+        report up to the next unsent event.  Why: a backlog of minutes sent at
+        once sits in worker and barrier memory, and the min time would not
+        move until all of it was done — longer than the acker's stall timeout,
+        so recovery would restart from the same snapshot with an even longer
+        backlog.  Paced, the min time moves batch by batch and records are
+        released as they complete.  Pushes go on meanwhile (each batch takes
+        the lock on its own); their items wait behind the re-sent ones, since
+        no report passes ``route.resend_floor``.
         """
         events = await asyncio.to_thread(_logged_since, self._log, start)
-        for first in range(0, len(events), RESEND_BATCH):
-            chunk = [_Fresh(gt, trace, payload, as_hash(route.balance(payload)), "", 0)
-                     for gt, trace, payload in events[first:first + RESEND_BATCH]]
-            sends, acks = self._batches(route, chunk)
-            await self._to_acker(route, acks)
-            await self._to_workers(route, sends)
-        await self._report(route)
+        chunks = _whole_milliseconds(events, RESEND_BATCH)
+        sent: deque[GlobalTime] = deque()
+        for number, chunk in enumerate(chunks):
+            while len(sent) >= RESEND_WINDOW:
+                if route.min_time > sent[0]:
+                    sent.popleft()
+                    continue
+                self._progress.clear()
+                await self._progress.wait()
+            async with self._lock:
+                batches, acks = self._batches(route, [_Fresh(gt, trace, payload, as_hash(route.balance(payload)), "", 0)
+                                                      for gt, trace, payload in chunk])
+                try:
+                    await self._to_acker(route, acks)
+                except _Rejected:
+                    return  # the route broke: the next recovery tick sends them again
+                await self._to_workers(route, batches)
+                route.resend_floor = chunks[number + 1][0][0].ts if number + 1 < len(chunks) else None
+                await self._report(route)
+            sent.append(chunk[-1][0])
         self.logger.info("recovery: sent the %d logged events from %s on again", len(events), start)
 
     async def _switch_if_due(self, ts: int) -> _Route | None:
@@ -377,14 +416,34 @@ class FrontService(rpc.FrontServicer):
         return None
 
     def _has_credit(self, events: int) -> bool:
-        """Whether ``events`` more may be admitted: the in-flight count stays within ``max_in_flight`` (a request
-        alone above it still goes when nothing is in flight, or it could never go)."""
-        return self._in_flight_events == 0 or self._in_flight_events + events <= self.max_in_flight
+        """Whether ``events`` more may be admitted: no worker is over its memory budget, and the in-flight count
+        stays within ``max_in_flight`` (a request alone above it still goes when nothing is in flight, or it
+        could never go)."""
+        return not self._pressure and (self._in_flight_events == 0 or
+                                       self._in_flight_events + events <= self.max_in_flight)
 
     def _no_credit(self) -> _Rejected:
+        if self._pressure:
+            return _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"{'; '.join(self._pressure[w] for w in sorted(self._pressure))} {RETRY_HINT}")
         return _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"{self._in_flight_events} admitted events are still in flight, the limit is "
                          f"{self.max_in_flight} (--max-in-flight-events) {RETRY_HINT}")
+
+    async def watch_pressure(self, store: ClusterStore) -> None:
+        """Follow the workers' memory pressure (``WorkerService.report_pressure``) from now on."""
+        loop = asyncio.get_running_loop()
+
+        def changed(pressure: dict[str, str]) -> None:  # kazoo's thread
+            loop.call_soon_threadsafe(self._on_pressure, pressure)
+
+        await asyncio.to_thread(store.watch_pressure, changed)
+
+    def _on_pressure(self, pressure: dict[str, str]) -> None:
+        if pressure.keys() != self._pressure.keys():
+            self.logger.warning("admission %s", f"paused: {'; '.join(pressure.values())}" if pressure else "resumed")
+        self._pressure = {w: reason or f"{w} is over its memory budget" for w, reason in pressure.items()}
+        self._progress.set()
 
     async def _wait_for_credit(self, events: int) -> _Rejected | None:
         """Backpressure: wait up to ``CREDIT_WAIT`` for the min time to retire enough admitted events.
@@ -427,7 +486,8 @@ class FrontService(rpc.FrontServicer):
         while True:
             try:
                 async for min_time in route.watch_min_time():
-                    self._retire(GlobalTime(min_time.ts, min_time.front))
+                    route.min_time = GlobalTime(min_time.ts, min_time.front)
+                    self._retire(route.min_time)
             except Exception as exc:  # the acker restarting or moving: pushes wait for credit meanwhile
                 self.logger.debug("min-time watch ended (%s); watching again", exc)
             await asyncio.sleep(0.2)
@@ -551,7 +611,7 @@ class FrontService(rpc.FrontServicer):
         await self._to_acker(route, acks)
         await self._to_workers(route, sends)
         if kept < len(fresh):
-            full = _disk_full(exc)
+            full = disk_full(exc)
             raise _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
                             f"{'disk full: ' if full else ''}input log write failed ({exc}); {kept} of the "
                             f"{len(fresh)} new events reached it and are admitted (retry with the same producer and "
@@ -559,8 +619,7 @@ class FrontService(rpc.FrontServicer):
 
     def _reopen_log(self, first: int) -> int:
         """Reopen the input log; returns how many records of the batch that started at ``first`` it holds."""
-        self._log.close()
-        self._log = SegmentedLog(self._log.directory, self._log.segment_bytes)
+        self._log = self._log.reopen()
         return self._log.end_offset - first
 
     def _batches(self, route: _Route, fresh: list[_Fresh]) -> tuple[list[tuple[int, pb.ItemBatch]],
@@ -600,6 +659,7 @@ class FrontService(rpc.FrontServicer):
     # -- reports -----------------------------------------------------------------
 
     def start_reports(self, interval: float, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
         self._reports = supervisor.spawn(f"front{self.front_id}", "reports", self._report_forever(interval))
 
     async def _report_forever(self, interval: float) -> None:
@@ -626,7 +686,7 @@ class FrontService(rpc.FrontServicer):
 
     async def _report(self, route: _Route) -> None:
         """Promise the acker the clock's time now, persisted ahead first (a restarted front never stamps below
-        a time it promised); called with the lock held."""
+        a time it promised), but not past a recovery's next unsent event; called with the lock held."""
         ts = self._clock.report(_now_ms())
         if ts > self._promised:  # persist ahead, in steps, before promising past the persisted bound
             try:
@@ -639,6 +699,8 @@ class FrontService(rpc.FrontServicer):
                     self.logger.warning("cannot persist the report promise (%s); reporting at most %d",
                                         exc, self._promised)
                 self._report_owed, ts = True, self._promised
+        if route.resend_floor is not None:
+            ts = min(ts, route.resend_floor)
         await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
 
     # -- input-log retention -----------------------------------------------------
@@ -725,13 +787,15 @@ class FrontRole:
         return {"id": self.service.front_id}
 
     def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
-        rpc.add_FrontServicer_to_server(self.service, server)
+        codec.add_servicer(server, self.service, pb.DESCRIPTOR.services_by_name["Front"])
 
     def start(self, supervisor: Supervisor) -> None:
         self.service.start_reports(self._report_interval, supervisor)
         if self.service.lease is not None:
             supervisor.spawn(self.name, "stamping lease", self.service.lease.run())
             supervisor.spawn(self.name, "input-log retention", self.service.retain_input(self.service.lease.store))
+            supervisor.spawn(self.name, "memory pressure", self.service.watch_pressure(self.service.lease.store),
+                             finite=True)
         supervisor.spawn(self.name, "input log", self._watch_log(), essential=True)
 
     async def _watch_log(self) -> None:

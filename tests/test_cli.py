@@ -1,4 +1,5 @@
-"""The `flamestream run` command, as a user runs it: a real subprocess, JSON lines out, exit code 2 on errors."""
+"""The `flamestream run` command, as a user runs it: a real subprocess, JSON lines out, exit code 2 on errors; and
+where the CLI and the SDK look for a secured cluster's credentials."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from flamestream import cli
+from flamestream.runtime import launcher, tls
+from flamestream.wire.security import ADVERTISED, ENV, ROLES, discover
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,3 +62,56 @@ def test_bad_invocations_exit_2_with_a_message(tmp_path: Path) -> None:
         done = flamestream(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr, (args, done.stderr)
+
+
+def test_credentials_come_from_the_flag_the_environment_or_what_up_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CLI looks (``credentials_of``), first match wins; a recorded --insecure cluster is plaintext even
+    when an earlier secured run left DIR/tls behind."""
+    monkeypatch.delenv(ENV, raising=False)
+    data = tmp_path / "cluster"
+    tls.init(data / "tls")
+
+    def found(*args: str) -> str | None:
+        return cli.credentials_of(cli.build_parser().parse_args(["consume", *args]))
+
+    assert found("--data-dir", str(data)) == str(data / "tls")  # no cluster.json: a copied data dir
+    state = launcher.ClusterState(cluster="c", zookeeper="127.0.0.1:1", own_zookeeper=False)
+    launcher.save_state(data, state)
+    assert found("--data-dir", str(data)) is None  # recorded insecure
+    state.tls_dir = str(tmp_path / "own")
+    launcher.save_state(data, state)
+    assert found("--data-dir", str(data)) == str(tmp_path / "own")
+    assert found("--zookeeper", "127.0.0.1:1") is None  # left to the client: the nodes' advertisement
+    assert found("--data-dir", str(data), "--credentials", "given") == "given"
+    monkeypatch.setenv(ENV, "from-env")
+    assert found("--zookeeper", "127.0.0.1:1") == "from-env"
+
+
+def test_discovered_credentials_keep_their_zookeeper_digests_only_where_up_recorded_them(tmp_path: Path) -> None:
+    directory = tls.init(tmp_path / "tls")
+    tls.record_cluster(directory, "127.0.0.1:2181", "c")
+    members = [{"address": "a:1", ADVERTISED: ""}, {"address": "b:1", ADVERTISED: str(directory)}]
+    assert discover([{"address": "a:1", ADVERTISED: ""}, {"address": "b:1"}], "127.0.0.1:2181", "c") is None
+    paired = discover(members, "127.0.0.1:2181", "c")
+    assert paired is not None and set(paired.zookeeper) == {"service", "admin"} and set(paired.tokens) == set(ROLES)
+    for zookeeper, cluster in (("localhost:2181", "c"), ("127.0.0.1:2181", "other")):
+        unpaired = discover(members, zookeeper, cluster)
+        assert unpaired is not None and unpaired.zookeeper == {} and unpaired.tokens == paired.tokens
+    with pytest.raises(ValueError, match=f"is secured .* {ENV}=PATH"):
+        discover([{ADVERTISED: str(tmp_path / "missing")}], "127.0.0.1:2181", "c")
+
+
+def test_up_passes_the_memory_budget_to_workers_and_keeps_it_for_scale() -> None:
+    args = cli.build_parser().parse_args(["up", "--memory-budget-mb", "800"])
+    assert args.memory_budget_mb == 800
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["up", "--memory-budget-mb", "-1"])
+    def node(plan: launcher.NodePlan) -> list[str]:
+        return launcher.node_args(plan, zookeeper="zk:1", cluster="c", data_dir="/d", memory_budget_mb=800)
+
+    worker = node(launcher.NodePlan("w", worker=1))
+    assert worker[worker.index("--memory-budget-mb") + 1] == "800"
+    assert "--memory-budget-mb" not in node(launcher.NodePlan("f", front=0))
+    state = launcher.ClusterState(cluster="c", zookeeper="zk:1", own_zookeeper=False, memory_budget_mb=800)
+    assert launcher.ClusterState.from_json(state.to_json()).memory_budget_mb == 800  # nodes `scale` adds get it

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +31,16 @@ from flamestream.core.meta import GlobalTime
 from flamestream.storage.input_log import read_input_logs
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
+from flamestream.wire.security import Credentials
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ROOT.parent / "shared" / "data" / "wiki_football_ru.xml"
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "flamestream", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180)
+                          input=stdin, timeout=180)
 
 
 class Cluster:
@@ -47,12 +48,25 @@ class Cluster:
         self.data, self.zookeeper, self.name = data, zookeeper, name
 
     def client(self) -> Client:
-        """A new SDK client; callers close it (``with``), or its ZooKeeper session outlives the cluster."""
+        """A new SDK client; callers close it (``with``), or its ZooKeeper session outlives the cluster.  Given no
+        credentials, as a user on the cluster's host: it finds those its nodes advertise."""
         return Client(self.zookeeper, cluster=self.name)
 
     def deploy(self, graph: str) -> None:
+        """``flamestream deploy`` through ``--zookeeper``, no credentials given: found as the client finds them."""
         done = cli("deploy", graph, "--zookeeper", self.zookeeper, "--cluster", self.name)
         assert done.returncode == 0, done.stderr
+
+    def channel(self, address: str, *, node: bool = False, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+        """A raw gRPC channel to ``address`` as the cluster's clients talk: TLS with the clients' certificate and
+        every role's token, or plaintext to an ``--insecure`` cluster.  ``node``: with a node's certificate
+        instead, which the internal services (``Worker.Exchange``, ``Barrier.Deliver``, ``Acker.*``) require."""
+        tls_dir = self.state()["tls_dir"]
+        if not tls_dir:
+            return grpc.insecure_channel(address, options=options)
+        name = next(p["name"] for p in self.state()["processes"] if p["role"] == "node") if node else None
+        credentials = Credentials.load(tls_dir, node=name).channel_credentials(with_tokens=True)
+        return grpc.secure_channel(address, credentials, options=options)
 
     def state(self) -> dict[str, Any]:
         return json.loads((self.data / "cluster.json").read_text())  # type: ignore[no-any-return]
@@ -166,7 +180,7 @@ def test_inverted_index_topic_equals_oracle(cluster: Cluster) -> None:
 
 def test_retries_and_bad_input(cluster: Cluster) -> None:
     cluster.deploy("examples/wordcount.py")
-    with grpc.insecure_channel(cluster.address("front")) as channel:
+    with cluster.channel(cluster.address("front")) as channel:
         front = rpc.FrontStub(channel)
         event = pb.Event(payload=json.dumps("retry me").encode(), producer="p1", sequence=1)
         first = front.Push(pb.PushRequest(events=[event]))

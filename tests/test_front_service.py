@@ -9,6 +9,7 @@ the stand-ins and the client.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import select
 import signal
@@ -68,13 +69,33 @@ class RecordingAcker(rpc.AckerServicer):
     def __init__(self) -> None:
         self.messages: list[tuple[str, Any]] = []
         """In arrival order: ("acks", {gt: xor}) or ("report", (front, ts))."""
+        self.streams: list[list[int]] = []
+        """The reports of each Ack stream (a new tick's route opens a new one)."""
+        self.min_time = GlobalTime(-1, -1)
+        """What ``WatchMinTime`` says: moved only by the test (``advance``)."""
+        self._moved = asyncio.Event()
+
+    def advance(self, min_time: GlobalTime) -> None:
+        self.min_time = min_time
+        self._moved.set()
+
+    async def WatchMinTime(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.GlobalTime]:
+        while True:
+            sent = self.min_time
+            yield pb.GlobalTime(ts=sent.ts, front=sent.front)
+            while self.min_time == sent:
+                self._moved.clear()
+                await self._moved.wait()
 
     async def Ack(self, request_iterator: AsyncIterator[pb.AckBatch], context: Any) -> pb.Empty:
+        reports: list[int] = []
+        self.streams.append(reports)
         async for message in request_iterator:
             if message.acks:
                 self.messages.append(("acks", codec.acks_of(message.acks)))
             if message.HasField("report"):
                 self.messages.append(("report", (message.report.front, message.report.ts)))
+                reports.append(message.report.ts)
         return pb.Empty()
 
     def reports(self) -> list[int]:
@@ -474,6 +495,52 @@ def test_a_failed_log_write_admits_exactly_what_reached_the_log(
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
                 assert "0 of the 1 new events" in (error.details() or "")
                 assert len(log_records(tmp_path)) == kept
+
+    asyncio.run(scenario())
+
+
+@slow
+def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    """A recovery tick re-sends the logged events in chunks that end at a millisecond, at most two in flight, each
+    followed by a report up to the next unsent event; pushes go on meanwhile, and nothing is sent twice."""
+    graph = routed_graph()
+
+    def received(cluster: StandIns, after: Sequence[int] = (0, 0)) -> list[tuple[GlobalTime, Any]]:
+        """(global time, payload) of what the workers got, each past its first ``after`` envelopes."""
+        return [(gt, payload) for w, skip in zip(cluster.workers, after, strict=True)
+                for _, _, (payload, gt, _, _) in w.envelopes()[skip:]]
+
+    async def scenario() -> None:
+        async with stand_ins() as cluster, front(zookeeper, cluster_name, tmp_path) as (_, stub):
+            tick = Tick.from_dict(cluster.tick(graph, now_ms()))
+            await publish(zookeeper, cluster_name, tick.to_dict())
+            admitted: list[list[GlobalTime]] = []
+            for p in range(5):  # one millisecond each: chunks are pushes 0-1, 2-3 and 4
+                batch = [event(f"push {p} line {i}") for i in range(600)]
+                admitted.append(times(await (push_once_deployed if p == 0 else push)(stub, batch)))
+                await asyncio.sleep(0.005)
+            await eventually(lambda: len(received(cluster)) == 3000, "every event at its worker")
+            first_pass, seen = received(cluster), [len(w.envelopes()) for w in cluster.workers]
+
+            recovery = dataclasses.replace(tick, number=1, previous=0, recovery=True)
+            await publish(zookeeper, cluster_name, recovery.to_dict())
+            floor = admitted[4][0].ts
+            await eventually(lambda: len(cluster.acker.streams) == 2 and floor in cluster.acker.streams[1],
+                             "the recovery's report up to the third chunk")
+            during = times(await push(stub, [event("pushed while recovering")]))[0]
+            await eventually(lambda: any(p == "pushed while recovering" for _, p in received(cluster)),
+                             "the push at its worker")
+            resent = [r for r in received(cluster, seen) if r[1] != "pushed while recovering"]
+            assert len(resent) == 2400, "the third chunk waits until the min time passes the first"
+            assert cluster.acker.streams[1][0] == admitted[2][0].ts and max(cluster.acker.streams[1]) == floor
+
+            cluster.acker.advance(GlobalTime(admitted[1][-1].ts + 1, 0))
+            await eventually(lambda: len(received(cluster)) == 2 * 3000 + 1, "the third chunk re-sent")
+            await eventually(lambda: cluster.acker.streams[1][-1] > during.ts, "a report past it all")
+            again = [r for r in received(cluster, seen) if r[1] != "pushed while recovering"]
+            assert Counter(again) == Counter(first_pass), "every logged event once more, with its original stamp"
+            assert {gt for gt, _ in again} == {gt for times_ in admitted for gt in times_}
+            await eventually(lambda: not cluster.balance(), "the re-sent acks to cancel at the acker")
 
     asyncio.run(scenario())
 

@@ -31,6 +31,7 @@ from flamestream.core.limits import (
     bounded_outputs,
     estimated_size,
     group_fault,
+    over_memory_budget,
     producer_fault,
     sequence_fault,
 )
@@ -198,3 +199,14 @@ def test_sdk_refuses_bad_names_before_any_request() -> None:
         await client.close()
 
     asyncio.run(attempts())
+
+
+def test_memory_budget_has_a_gap_between_going_over_and_coming_back() -> None:
+    budget = 1000
+    assert not over_memory_budget(1000, budget, was_over=False)  # at the budget is within it
+    assert over_memory_budget(1001, budget, was_over=False)
+    assert over_memory_budget(950, budget, was_over=True)  # stays over until below 90%
+    assert over_memory_budget(900, budget, was_over=True)
+    assert not over_memory_budget(899, budget, was_over=True)
+    assert not over_memory_budget(950, budget, was_over=False)
+    assert not over_memory_budget(10**12, 0, was_over=True)  # no budget

@@ -6,12 +6,13 @@ output cap in the oracle and the local runtime) is ``test_limits.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,19 @@ import pytest
 
 from examples import wordcount
 from flamestream.client import Client, ClientError
+from flamestream.cluster import ClusterStore
 from flamestream.core.dead_letter import is_dead_letter
+from flamestream.core.limits import RETRY_HINT
+from flamestream.core.meta import boundary_of
+from flamestream.core.oracle import oracle_state
 from flamestream.storage.input_log import read_input_logs
+from flamestream.storage.snapshots import read_snapshot
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from tests.test_cluster_e2e import Cluster, as_multiset, cli, consume_all, expected_from_input_logs
+from tests.test_handover import flatten
 from tests.test_limits import wordcount as wordcount_graph
+from tests.test_nodes import eventually, health
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -62,7 +70,7 @@ def big_line(rng: random.Random, size: int) -> str:
 
 
 def front_stub(cluster: Cluster) -> tuple[grpc.Channel, Any]:
-    channel = grpc.insecure_channel(cluster.address("front"), options=[
+    channel = cluster.channel(cluster.address("front"), options=[
         ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
     return channel, rpc.FrontStub(channel)
 
@@ -135,7 +143,7 @@ def test_producer_ids_sequences_and_group_names_are_bounded(cluster_dir: Path, z
         assert list(ok.admitted) == [True, True]
         again = push(pb.PushRequest(events=[event("c", "seq", 2**63 - 1), event("d", "seq", 5)]), timeout=30)
         assert list(again.admitted) == [False, False]  # retries, answered with their times
-    barrier = grpc.insecure_channel(cluster.address("barrier"), options=[
+    barrier = cluster.channel(cluster.address("barrier"), options=[
         ("grpc.max_send_message_length", 64 << 20)])
     with barrier:
         stub_b = rpc.BarrierStub(barrier)
@@ -156,15 +164,15 @@ def _mounted(path: Path) -> bool:
     return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MB tmpfs at DIR/input, where the front keeps its input log (needs root)."""
+@contextlib.contextmanager
+def _tmpfs(data: Path, under: str, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``data/under`` for the block (needs root); ``data`` is yielded, and its cluster is
+    taken down first if one was started there."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    data = tmp_path / "cluster"
-    mount = data / "input"
+    mount = data / under
     mount.mkdir(parents=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True,
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
                           text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {done.stderr}")
@@ -175,6 +183,20 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             cli("down", "--data-dir", str(data))
         if _mounted(mount):
             subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MB tmpfs at DIR/input, where the front keeps its input log."""
+    with _tmpfs(tmp_path / "cluster", "input", "4m") as data:
+        yield data
+
+
+@pytest.fixture
+def small_topic_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs at DIR/topic, where the barrier keeps the output topic."""
+    with _tmpfs(tmp_path / "cluster", "topic", "2m") as data:
+        yield data
 
 
 def test_a_full_disk_refuses_pushes_and_recovers(small_disk: Path, zookeeper: str, cluster_name: str) -> None:
@@ -211,6 +233,79 @@ def test_a_full_disk_refuses_pushes_and_recovers(small_disk: Path, zookeeper: st
     assert len(expected) == sum(len(x.split()) for x in pushed)
 
 
+def test_a_full_topic_disk_pauses_releases_until_space_returns(small_topic_disk: Path, zookeeper: str,
+                                                                cluster_name: str) -> None:
+    """The barrier's disk fills while the fronts' does not: the barrier holds its records back (logged), pushes
+    still succeed (their events are durable), subscribers read what is out; once space returns the held records
+    follow, and the topic is exactly the oracle's output, with no node restarted."""
+    data = small_topic_disk
+    cluster = _up(data, zookeeper, cluster_name, "--nodes", "1")
+    cluster.deploy("examples/wordcount.py")
+    filler = data / "topic" / "filler"
+    with open(filler, "wb") as f:  # leave ~200 KB: a thousand or so word-count records
+        f.write(b"\0" * (1024 * 1024 + 800 * 1024))
+    node = next(p for p in cluster.state()["processes"] if p["name"].startswith("node"))
+    log = data / "logs" / f"{node['name']}.log"
+    rng = random.Random(7)
+    pushed: list[str] = []
+    with Client(zookeeper, cluster_name) as client:
+        for _ in range(100):
+            lines = [" ".join(f"w{rng.randrange(2000)}" for _ in range(30)) for _ in range(20)]
+            client.push(lines, producer="topic-disk")
+            pushed += lines
+            if "disk full: partition 0 holds" in log.read_text():
+                break
+        assert "disk full: partition 0 holds" in log.read_text(), "the topic never filled"
+        out_before = sum(1 for _ in client.consume(group="early", timeout=3))  # what is out stays readable
+        filler.unlink()
+        eventually(lambda: "space returned: partition 0 releases again" in log.read_text(), "releases to resume")
+        expected = expected_from_input_logs(cluster, wordcount.graph())
+        assert 0 < out_before < len(expected)
+        got = consume_all(client, "topic-disk", len(expected), timeout=120)
+    assert as_multiset([(r.time, r.payload) for r in got]) == as_multiset(expected)
+    assert len(expected) == 30 * len(pushed)
+    assert Path(f"/proc/{node['pid']}").exists()
+    assert [p.get("restarts", 0) for p in cluster.state()["processes"]] == [0] * len(cluster.state()["processes"])
+
+
+def test_a_full_snapshot_disk_turns_the_worker_not_serving_until_a_snapshot_succeeds(
+        tmp_path: Path, zookeeper: str, cluster_name: str) -> None:
+    """Snapshots that cannot be written leave the stream running (NOT_SERVING says why); once space returns
+    the next snapshot, rebuilt from the whole state, completes, the worker is SERVING again, and the output is
+    exactly the oracle's."""
+    with _tmpfs(tmp_path / "cluster", "snapshots", "1m") as data:
+        filler = data / "snapshots" / "filler"
+        filler.write_bytes(b"\0" * (1024 * 1024))  # nothing left
+        cluster = _up(data, zookeeper, cluster_name, "--nodes", "1", "--snapshot-interval-ms", "200")
+        cluster.deploy("examples/wordcount.py")
+        node = next(p for p in cluster.state()["processes"] if p["name"].startswith("node"))
+        with Client(zookeeper, cluster_name) as client, ClusterStore(zookeeper, cluster=cluster_name) as store:
+            client.push([f"a b c {i}" for i in range(50)], producer="snap")
+            pushed = 0
+
+            def turns(status: str) -> Callable[[], bool]:
+                def check() -> bool:  # an idle single-front stream's min time rests: snapshots need input
+                    nonlocal pushed
+                    client.push([f"f {pushed}"], producer="snap-more")
+                    pushed += 1
+                    return health(node["address"], "worker0", cluster.state()["tls_dir"]) == status
+                return check
+
+            eventually(turns("NOT_SERVING"), "worker0 to turn NOT_SERVING over its failed snapshot")
+            client.push([f"d e {i}" for i in range(50)], producer="snap")  # the stream goes on meanwhile
+            filler.unlink()
+            eventually(turns("SERVING"), "worker0 to be SERVING again")
+            tick = store.ticks()[-1][0]
+            (boundary, *_) = eventually(lambda: store.complete_snapshots(tick, 1), "a complete snapshot")
+            expected = expected_from_input_logs(cluster, wordcount.graph())
+            got = consume_all(client, "snap", len(expected), timeout=120)
+        assert as_multiset([(r.time, r.payload) for r in got]) == as_multiset(expected)
+        assert len(expected) == 50 * 4 + 50 * 3 + pushed * 2
+        assert "snapshot below" in (data / "logs" / f"{node['name']}.log").read_text()
+        _info, state = read_snapshot(data / "snapshots" / boundary / "worker-0.snap")  # rebuilt from the whole state
+        assert flatten(state) == oracle_state(wordcount.graph(), read_input_logs(data), boundary_of(boundary))
+
+
 def slow_split(line: str) -> list[str]:
     """A slow map, so admitted events stay in flight long enough to use up the front's credit."""
     time.sleep(1.0)
@@ -223,17 +318,31 @@ def slow_wordcount() -> Any:
     return wordcount_graph(fn=slow_split)
 
 
-def test_credit_backpressure_refuses_then_the_sdk_retries(tmp_path: Path, zookeeper: str, cluster_name: str) -> None:
-    data = tmp_path / "node"
+@contextlib.contextmanager
+def _nodes(zookeeper: str, cluster: str, *node_args: list[str]) -> Iterator[None]:
+    """``flamestream node`` processes with these flags (each one's role flags), ready, for the block; then
+    terminated.  For tests that need node flags ``up`` does not pass on."""
     root = Path(__file__).resolve().parents[1]
-    common = ["python", "-m", "flamestream", "node", "--zookeeper", zookeeper, "--cluster", cluster_name]
-    # The worker on a node of its own: a slow map blocks its node's event loop, and the front must stay responsive.
+    common = ["python", "-m", "flamestream", "node", "--zookeeper", zookeeper, "--cluster", cluster]
     procs = [subprocess.Popen(common + args, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for args in (["--acker", "--front", "0", "--barrier", "0", "--data-dir", str(data),
-                           "--max-in-flight-events", "5"], ["--worker", "0"])]
+             for args in node_args]
     try:
         for proc in procs:
             assert proc.stdout is not None and proc.stdout.readline().startswith("ready ")
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+
+def test_credit_backpressure_refuses_then_the_sdk_retries(tmp_path: Path, zookeeper: str, cluster_name: str) -> None:
+    data = tmp_path / "node"
+    # The worker on a node of its own: a slow map blocks its node's event loop, and the front must stay responsive.
+    with _nodes(zookeeper, cluster_name, ["--acker", "--front", "0", "--barrier", "0", "--data-dir", str(data),
+                                          "--max-in-flight-events", "5"], ["--worker", "0"]):
         graph = slow_wordcount()
         with Client(zookeeper, cluster_name, retries=0) as impatient, Client(zookeeper, cluster_name) as client:
             client.deploy(graph)
@@ -247,9 +356,26 @@ def test_credit_backpressure_refuses_then_the_sdk_retries(tmp_path: Path, zookee
             got = consume_all(client, "bp", len(expected), timeout=60)
         assert as_multiset([(r.time, r.payload) for r in got]) == as_multiset(expected)
         assert len(expected) == 3 * 17
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(30)
-            assert proc.stdout is not None
-            proc.stdout.close()
+
+
+def test_a_worker_over_its_memory_budget_pauses_admission_naming_it(tmp_path: Path, zookeeper: str,
+                                                                     cluster_name: str) -> None:
+    """``--memory-budget-mb 1`` is below any process's size, so the worker is over it from its first look: the
+    front admits nothing (a push waits, then gets RESOURCE_EXHAUSTED naming the worker, its size and its budget,
+    as transient), and stays SERVING.  (The way back under, 90% of the budget, is
+    ``test_limits.py``'s; a process rarely gives memory back to the system on its own.)"""
+    data = tmp_path / "node"
+    with _nodes(zookeeper, cluster_name, ["--acker", "--front", "0", "--barrier", "0", "--data-dir", str(data)],
+                ["--worker", "0", "--memory-budget-mb", "1"]), \
+            Client(zookeeper, cluster_name, retries=0) as impatient, ClusterStore(zookeeper, cluster=cluster_name) \
+            as store:
+        impatient.deploy(wordcount.graph())
+        reason = eventually(lambda: store.pressure().get("worker0"), "worker0 to report its memory pressure")
+        assert "worker0 is over its memory budget" in reason and "--memory-budget-mb 1)" in reason
+        with pytest.raises(ClientError) as refused:
+            impatient.push(["a b"], producer="p")
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert reason in str(refused.value) and RETRY_HINT in str(refused.value)
+        assert read_input_logs(data) == []  # nothing admitted
+        front = next(m for m in store.members("front").values())
+        assert health(str(front["address"]), "front0") == "SERVING"

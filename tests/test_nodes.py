@@ -19,6 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from flamestream.client import Client
+from flamestream.wire.security import Credentials
 from tests.test_cluster_e2e import cli
 
 pytestmark = pytest.mark.slow
@@ -26,8 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
-def health(address: str, service: str) -> str:
-    with grpc.insecure_channel(address) as channel:
+def health(address: str, service: str, tls_dir: str = "") -> str:
+    """The node's health status for ``service``; ``tls_dir``: a secured cluster's credentials (its ``cluster.json``
+    ``tls_dir``; "" for plaintext), whose client certificate the health service takes without a token."""
+    with (grpc.secure_channel(address, Credentials.load(tls_dir).channel_credentials(with_tokens=False)) if tls_dir
+          else grpc.insecure_channel(address)) as channel:
         check = channel.unary_unary(HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
                                     response_deserializer=health_pb2.HealthCheckResponse.FromString)
         reply = check(health_pb2.HealthCheckRequest(service=service), timeout=5)
@@ -64,7 +68,7 @@ def test_up_places_roles_on_nodes_and_each_role_has_health(two_nodes: tuple[Path
         "node0": ["acker", "worker0", "front0", "barrier0"], "node1": ["worker1"]}
     for node in nodes.values():
         for service in ["", *(member for _, member in node["members"])]:
-            assert health(node["address"], service) == "SERVING", (node["name"], service)
+            assert health(node["address"], service, state["tls_dir"]) == "SERVING", (node["name"], service)
     # The structured log: one JSON object per line, naming node and role.
     entries = [json.loads(line) for line in (data / "logs" / "node0.log").read_text().splitlines()]
     assert any(e["node"] == "node0" and e["level"] == "INFO" and "serving acker, worker0, front0, barrier0" in
@@ -82,8 +86,9 @@ def test_a_killed_node_turns_its_peers_worker_not_serving_with_a_logged_tracebac
                                                   {"word": "a", "count": 2}], key=json.dumps)  # it was running
     node0, node1 = (next(p for p in state["processes"] if p["name"] == name) for name in ("node0", "node1"))
     os.kill(node0["pid"], signal.SIGKILL)  # the acker's node: worker1's min-time watch breaks
-    eventually(lambda: health(node1["address"], "worker1") == "NOT_SERVING", "worker1 to turn NOT_SERVING")
-    assert health(node1["address"], "") == "NOT_SERVING"
+    eventually(lambda: health(node1["address"], "worker1", state["tls_dir"]) == "NOT_SERVING",
+               "worker1 to turn NOT_SERVING")
+    assert health(node1["address"], "", state["tls_dir"]) == "NOT_SERVING"
 
     def failure() -> dict[str, Any] | None:
         for line in (data / "logs" / "node1.log").read_text().splitlines():

@@ -20,6 +20,7 @@ import pytest
 from flamestream.client import Client
 from flamestream.cluster import ClusterStore
 from flamestream.coordinator.zookeeper import ZooKeeperServer
+from flamestream.runtime import launcher
 from tests.test_cluster_e2e import cli
 from tests.test_nodes import eventually, health
 
@@ -64,7 +65,7 @@ def test_up_right_after_a_kill_9_replaces_the_dead_nodes_members(cluster_dir: Pa
         state = _up(cluster_dir, zookeeper, cluster_name)  # at once, while the dead worker1 is still registered
         assert time.monotonic() - started < store.timeout, "up waited for the session to expire"
         assert store.members("worker")["worker1"]["address"] == _node(state, "node1")["address"]
-    assert health(_node(state, "node1")["address"], "worker1") == "SERVING"
+    assert health(_node(state, "node1")["address"], "worker1", state["tls_dir"]) == "SERVING"
 
 
 def test_members_register_again_after_zookeeper_expired_their_sessions(tmp_path: Path, cluster_dir: Path,
@@ -102,7 +103,7 @@ def test_up_refuses_a_zookeeper_where_a_live_cluster_of_that_name_runs(tmp_path:
     assert up.returncode != 0
     assert f"cluster {cluster_name!r} already runs" in up.stderr and "front/front0" in up.stderr
     assert not (other / "cluster.json").exists()
-    assert health(_node(state, "node0")["address"], "") == "SERVING"  # the running one was not touched
+    assert health(_node(state, "node0")["address"], "", state["tls_dir"]) == "SERVING"  # the running one is untouched
 
 
 def test_a_tick_that_cannot_be_loaded_is_reported_and_a_good_deploy_recovers(cluster_dir: Path, zookeeper: str,
@@ -110,19 +111,24 @@ def test_a_tick_that_cannot_be_loaded_is_reported_and_a_good_deploy_recovers(clu
     state = _up(cluster_dir, zookeeper, cluster_name)
     assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper, "--cluster", cluster_name).returncode == 0
     node1 = _node(state, "node1")
-    with ClusterStore(zookeeper, cluster=cluster_name) as store:
+    # As the cluster's own services write (a secured cluster's subtree refuses writes without its digest).
+    recorded = launcher.load_state(cluster_dir)
+    assert recorded is not None
+    with ClusterStore(zookeeper, cluster=cluster_name, **launcher.store_auth(recorded)) as store:
         latest = store.latest_tick()
         assert latest is not None
         bad = json.loads(json.dumps(latest[1]).replace("examples.wordcount:", "no_such_module_anywhere:"))
         assert bad != latest[1]
         bad.pop("previous", None)
         store.publish_tick(bad)  # as if written by hand: deploy itself would refuse it
-    eventually(lambda: health(node1["address"], "worker1") == "NOT_SERVING", "worker1 to report the bad tick")
+    eventually(lambda: health(node1["address"], "worker1", state["tls_dir"]) == "NOT_SERVING",
+               "worker1 to report the bad tick")
     log = (cluster_dir / "logs" / "node1.log").read_text()
     assert "cannot deploy tick" in log and "no_such_module_anywhere" in log
     assert _node(state, "node1")["pid"] and os.kill(node1["pid"], 0) is None  # reported, not crashed
     # The bad tick started afresh and never ran: there is no state to hand over from it.
     deploy = cli("deploy", "examples/wordcount.py", "--fresh", "--zookeeper", zookeeper, "--cluster", cluster_name)
     assert deploy.returncode == 0, deploy.stderr
-    eventually(lambda: health(node1["address"], "") == "SERVING", "node1 to serve again after a good deploy")
+    eventually(lambda: health(node1["address"], "", state["tls_dir"]) == "SERVING",
+               "node1 to serve again after a good deploy")
     assert _counts(zookeeper, cluster_name, ["p q p"], "g", 3) == [("p", 1), ("p", 2), ("q", 1)]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import operator
 import shutil
 import time
@@ -31,11 +32,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
+import psutil
 
 from flamestream.cluster import ClusterStore
+from flamestream.core.dead_letter import dead_letter
 from flamestream.core.graph import Graph
 from flamestream.core.hashing import INT32_MIN
 from flamestream.core.item import Envelope, Item, envelope_meta, envelope_time, item_time
+from flamestream.core.limits import over_memory_budget
 from flamestream.core.meta import GlobalTime, boundary_name, boundary_of
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
@@ -47,6 +51,8 @@ from flamestream.storage.input_log import read_input_range
 from flamestream.storage.log import LogError
 from flamestream.storage.snapshots import (
     SnapshotError,
+    SnapshotImage,
+    SnapshotInfo,
     read_snapshot,
     snapshot_dir,
     snapshot_path,
@@ -63,6 +69,8 @@ LOAD_BUCKETS = 1 << (32 - LOAD_SHIFT)
 """Hash buckets of the load statistics (256): the int32 space in equal slices, the grain of a rebalanced layout."""
 LOAD_REPORT_EVERY = 2.0
 """Seconds between load reports to ZooKeeper (only when something changed)."""
+MEMORY_CHECK_EVERY = 1.0
+"""Seconds between looks at the process's memory against ``--memory-budget-mb``."""
 
 SNAPSHOT_POLL = 0.05
 """Seconds between looks at ZooKeeper while a new tick waits for its previous tick's snapshot to complete."""
@@ -112,6 +120,13 @@ def _catch_up(graph: dict[str, Any], state: WorkerState, start: GlobalTime, stop
     return core.snapshot(stop), len(events)
 
 
+def _write_changes(image: SnapshotImage, changes: WorkerState, path: Path, *, boundary: GlobalTime, worker: int,
+                   tick: int) -> SnapshotInfo:
+    """Encode ``changes`` into ``image`` and write it, both in the writer's thread: encoding is most of the cost."""
+    image.update(changes)
+    return image.write(path, boundary=boundary, worker=worker, tick=tick)
+
+
 class _Deployment:
     """One tick on this worker: its core, its streams, and the envelopes waiting for its state."""
 
@@ -125,6 +140,11 @@ class _Deployment:
         """Envelopes (with their receipt acks) that arrived before the state did."""
         self.snapshotted = tick.start
         """The newest boundary this deployment wrote a snapshot below (its start: nothing below it is its own)."""
+        self.trimmed = tick.start
+        """The min time its state was last trimmed at: a snapshot below an older boundary could miss items."""
+        self.image: SnapshotImage | None = SnapshotImage()
+        """Its state at its last periodic snapshot, encoded (only changed buckets are encoded again); None after
+        a write failed."""
         if tick.previous is None:
             self.restored.set()
 
@@ -132,10 +152,11 @@ class _Deployment:
 class WorkerService(rpc.WorkerServicer):
     def __init__(self, index: int, local: LocalEndpoints, store: ClusterStore | None = None,
                  data_dir: Path | None = None, batch_items: int = 256, linger_ms: float = 0.0,
-                 snapshot_interval_ms: int = 1000, snapshot_retention: int = 2) -> None:
+                 snapshot_interval_ms: int = 1000, snapshot_retention: int = 2, memory_budget_mb: int = 0) -> None:
         self.index = index
         self.name = f"worker{index}"
         self.local = local
+        self.memory_budget = memory_budget_mb << 20
         self.store = store
         self.data_dir = data_dir
         self.log = role_logger(self.name)
@@ -372,20 +393,28 @@ class WorkerService(rpc.WorkerServicer):
                 # Nothing below the boundary is left anywhere: hand the state below it over, then retire.
                 self.previous = self.handover_at = None
                 state = previous.core.snapshot(end)
-                await self._write(previous, end, state)
+                await self._write(previous, end, functools.partial(write_snapshot, state=state))
                 await previous.streams.close()
             else:
                 previous.core.on_min_time(min_time)
         if current is not None and current.restored.is_set():
             boundary = self._boundary(min_time)
-            if boundary is not None and boundary > current.snapshotted and (
+            # Only when the min time first passes a boundary (no trim passed it yet), and not while the previous
+            # snapshot is being written (that boundary is skipped; the changes wait for the next one).
+            if boundary is not None and current.trimmed <= boundary and boundary > current.snapshotted and (
                     self._writing is None or self._writing.done()):
                 current.snapshotted = boundary
-                state = current.core.snapshot(boundary)
+                if current.image is None:  # the last write failed, perhaps halfway: rebuild from the whole state
+                    current.image = SnapshotImage()
+                    current.core.snapshot_changes(boundary)  # what it reports is in the whole state too
+                    changes = current.core.snapshot(boundary)
+                else:
+                    changes = current.core.snapshot_changes(boundary)
                 assert self.supervisor is not None
                 self._writing = self.supervisor.spawn(self.name, f"snapshot below {boundary_name(boundary)}",
-                                                      self._write(current, boundary, state), finite=True)
+                                                      self._periodic(current, boundary, changes), finite=True)
             current.core.on_min_time(min_time)
+            current.trimmed = max(current.trimmed, min_time)
 
     def _boundary(self, min_time: GlobalTime) -> GlobalTime | None:
         """The newest periodic snapshot boundary the min time reached (boundaries are (k * interval, 0))."""
@@ -393,12 +422,25 @@ class WorkerService(rpc.WorkerServicer):
             return None
         return GlobalTime(min_time.ts // self.snapshot_interval * self.snapshot_interval, 0)
 
-    async def _write(self, deployment: _Deployment, boundary: GlobalTime, state: WorkerState) -> None:
-        """Write and register this worker's snapshot of ``deployment`` below ``boundary``; then retention."""
+    async def _periodic(self, deployment: _Deployment, boundary: GlobalTime, changes: WorkerState) -> None:
+        """A periodic snapshot from the ``changes`` since the previous one.  If it fails (a full disk), the
+        next one rebuilds the image from the whole state, and the worker is SERVING again once one succeeds."""
+        image = deployment.image
+        assert image is not None and self.supervisor is not None
+        try:
+            await self._write(deployment, boundary, functools.partial(_write_changes, image, changes))
+        except Exception:
+            deployment.image = None
+            raise
+        await self.supervisor.recovered(self.name, "snapshot below")
+
+    async def _write(self, deployment: _Deployment, boundary: GlobalTime, write: Callable[..., SnapshotInfo]) -> None:
+        """Write (with ``write``, off the event loop) and register this worker's snapshot of ``deployment`` below
+        ``boundary``; then retention."""
         assert self.store is not None and self.data_dir is not None
         tick = deployment.tick.number
         path = snapshot_path(self.data_dir, boundary, self.index)
-        info = await asyncio.to_thread(write_snapshot, path, state, boundary=boundary, worker=self.index, tick=tick)
+        info = await asyncio.to_thread(write, path, boundary=boundary, worker=self.index, tick=tick)
         await asyncio.to_thread(self.store.register_snapshot, tick, boundary_name(boundary), self.index,
                                 {"path": str(path.resolve()), "sha256": info.sha256, "keys": info.keys,
                                  "items": info.items, "bytes": info.body_bytes})
@@ -422,11 +464,17 @@ class WorkerService(rpc.WorkerServicer):
         if len(complete) < self.snapshot_retention:
             return
         oldest_kept = complete[-self.snapshot_retention]
-        doomed = [(tick.number, b) for b in self.store.snapshots(tick.number) if boundary_of(b) < oldest_kept]
+        own = self.store.snapshots(tick.number)
+        doomed = [(tick.number, b) for b in own if boundary_of(b) < oldest_kept]
         for number in range(self._swept_ticks, tick.number):
             doomed += [(number, b) for b in self.store.snapshots(number)]
+        # A directory is per boundary, not per tick: a recovery tick starting at T writes the boundaries after T
+        # that its crashed predecessor may have written too, into the same directory.  Forgetting the old tick's
+        # registration must not delete the files this tick keeps there.
+        kept = {b for b in own if boundary_of(b) >= oldest_kept}
         for number, boundary in doomed:
-            shutil.rmtree(snapshot_dir(self.data_dir, boundary_of(boundary)), ignore_errors=True)
+            if boundary not in kept:
+                shutil.rmtree(snapshot_dir(self.data_dir, boundary_of(boundary)), ignore_errors=True)
             self.store.forget_snapshot(number, boundary)
         self._swept_ticks = max(self._swept_ticks, tick.number)
         with contextlib.suppress(FileNotFoundError):
@@ -514,6 +562,37 @@ class WorkerService(rpc.WorkerServicer):
                     continue
                 reported = current
 
+    async def report_pressure(self) -> None:
+        """Tell the fronts (through ZooKeeper) while this process is over its memory budget, so they stop
+        admitting until it is back under: a worker that runs out of memory loses more than a refused push.
+
+        The process's resident size, measured every second: what the
+        operating system's out-of-memory killer judges.  What pushes it up is
+        in-flight items (in queues, groupings and the barrier) and grouping
+        state; the first drains once admission stops, the second stays, and
+        then the fronts keep refusing with the worker's reason until a rescale
+        spreads the state over more workers.
+        """
+        assert self.store is not None
+        process = psutil.Process()
+        over = False
+        while True:
+            rss = process.memory_info().rss
+            now = over_memory_budget(rss, self.memory_budget, over)
+            if now or over:  # over: said again each time (an expired session drops it); back under: said once
+                reason = (f"{self.name} is over its memory budget ({rss >> 20} MB resident, "
+                          f"--memory-budget-mb {self.memory_budget >> 20})") if now else None
+                try:
+                    await asyncio.to_thread(self.store.report_pressure, self.index, reason)
+                except Exception:  # ZooKeeper away: the next measurement says it again
+                    self.log.warning("cannot report memory pressure", exc_info=True)
+                else:
+                    if now != over:
+                        self.log.warning("%s", reason or f"{self.name} is back under its memory budget "
+                                         f"({rss >> 20} MB resident)")
+                    over = now
+            await asyncio.sleep(MEMORY_CHECK_EVERY)
+
     async def _process(self, deployment: _Deployment, envelopes: list[Envelope], acks: Acks) -> None:
         tick = deployment.tick
         load = self.load
@@ -525,21 +604,55 @@ class WorkerService(rpc.WorkerServicer):
         for remote, to_barrier in deployment.core.run(envelopes, self.batch_items):
             for worker, outs in remote.items():
                 await self._send(deployment, tick.workers[worker], transport.EXCHANGE, outs, envelope_time, acks)
-            by_barrier: dict[str, list[Item]] = {}
-            for item in to_barrier:
-                by_barrier.setdefault(tick.barrier_of(item[1].front), []).append(item)
-            for address, items in by_barrier.items():
-                await self._send(deployment, address, transport.DELIVER, codec.to_records(items), item_time, acks)
+            await self._to_barriers(deployment, to_barrier, acks)
         await deployment.streams.write(tick.acker, transport.ACK, pb.AckBatch(acks=codec.ack_messages(acks)))
 
     async def _send(self, deployment: _Deployment, address: str, method: str, entries: list[Any],
                     gt_of: Callable[[Any], GlobalTime], acks: Acks) -> None:
-        """Ship ``entries`` in messages of at most ``batch_items``, each with fresh send acks folded into ``acks``."""
+        """Ship ``entries`` in messages of at most ``batch_items``, each with fresh send acks folded into ``acks``.
+
+        An envelope whose payload cannot be encoded (business logic returned
+        something other than a plain value, say a namedtuple) goes to the
+        barrier as its item's dead letter instead: a batch that cannot be
+        written must not stop the worker, and its items' acks must still flow.
+        """
         for start in range(0, len(entries), self.batch_items):
             chunk = entries[start:start + self.batch_items]
             sent = codec.new_acks({gt_of(e) for e in chunk})
+            try:
+                batch = codec.encode_batch(chunk, sent, self.index)
+            except codec.BatchError:
+                if method != transport.EXCHANGE:  # records are bytes already: a sender's bug, not an item's
+                    raise
+                chunk, dead = self._encodable(deployment, chunk)
+                await self._to_barriers(deployment, dead, acks)
+                if not chunk:
+                    continue
+                sent = codec.new_acks({gt_of(e) for e in chunk})
+                batch = codec.encode_batch(chunk, sent, self.index)
             codec.xor_into(acks, sent)
-            await deployment.streams.write(address, method, codec.encode_batch(chunk, sent, self.index))
+            await deployment.streams.write(address, method, batch)
+
+    def _encodable(self, deployment: _Deployment, envelopes: list[Envelope]) -> tuple[list[Envelope], list[Item]]:
+        """The envelopes that encode one by one, and the dead letters of those that do not."""
+        kept: list[Envelope] = []
+        dead: list[Item] = []
+        for envelope in envelopes:
+            try:
+                codec.encode_batch([envelope], {}, self.index)
+            except codec.BatchError as exc:
+                op, _h, (payload, gt, trace, tomb) = envelope
+                dead.append((dead_letter(deployment.core.plan.names[op], exc, payload), gt, trace, tomb))
+            else:
+                kept.append(envelope)
+        return kept, dead
+
+    async def _to_barriers(self, deployment: _Deployment, items: list[Item], acks: Acks) -> None:
+        by_barrier: dict[str, list[Item]] = {}
+        for item in items:
+            by_barrier.setdefault(deployment.tick.barrier_of(item[1].front), []).append(item)
+        for address, mine in by_barrier.items():
+            await self._send(deployment, address, transport.DELIVER, codec.to_records(mine), item_time, acks)
 
 
 _Inbound = tuple[list[Envelope], Acks, tuple[_Deployment | None, _Deployment | None]]
@@ -589,11 +702,11 @@ class WorkerRole:
 
     def __init__(self, index: int, store: ClusterStore | None = None, data_dir: Path | None = None, *,
                  batch_items: int = 256, linger_ms: float = 0.0, snapshot_interval_ms: int = 1000,
-                 snapshot_retention: int = 2) -> None:
+                 snapshot_retention: int = 2, memory_budget_mb: int = 0) -> None:
         self.index = index
         self.name = f"worker{index}"
         self._store, self._data_dir = store, data_dir
-        self._options = (batch_items, linger_ms, snapshot_interval_ms, snapshot_retention)
+        self._options = (batch_items, linger_ms, snapshot_interval_ms, snapshot_retention, memory_budget_mb)
         self.service: WorkerService | None = None
 
     def info(self) -> dict[str, Any]:
@@ -601,7 +714,7 @@ class WorkerRole:
 
     def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
         self.service = WorkerService(self.index, local, self._store, self._data_dir, *self._options)
-        rpc.add_WorkerServicer_to_server(self.service, server)
+        codec.add_servicer(server, self.service, pb.DESCRIPTOR.services_by_name["Worker"])
         local.streams[transport.EXCHANGE] = self.service.Exchange
 
     def start(self, supervisor: Supervisor) -> None:
@@ -611,6 +724,8 @@ class WorkerRole:
         supervisor.spawn(self.name, "processing loop", self.service.run(), essential=True)
         if self._store is not None:
             supervisor.spawn(self.name, "load reports", self.service.report_load())
+            if self.service.memory_budget:
+                supervisor.spawn(self.name, "memory budget", self.service.report_pressure())
 
     async def deploy(self, tick: Tick) -> None:
         assert self.service is not None

@@ -120,9 +120,10 @@ def sequence_fault(sequence: int) -> str | None:
     return None
 
 
-def group_fault(group: str) -> str | None:
+def group_fault(group: object) -> str | None:
     """Why ``group`` cannot be a consumer-group name, or None: 1..256 bytes of letters, digits and ``._:@+=-``,
-    not ``.`` or ``..`` (it is a ZooKeeper path component)."""
+    not ``.`` or ``..`` (it is a ZooKeeper path component).  Any object: the SDK passes whatever its caller gave,
+    which must be refused with this message (compiled, a ``str`` parameter would raise ``TypeError`` instead)."""
     if not isinstance(group, str) or not group:
         return "consumer group must be a non-empty string"
     if len(group) > MAX_NAME_BYTES:
@@ -131,3 +132,20 @@ def group_fault(group: str) -> str | None:
         return (f"consumer group {group!r} may only hold letters, digits and '._:@+=-' "
                 "(and is not '.' or '..')")
     return None
+
+
+PRESSURE_RELEASE = 0.9
+"""A worker over its memory budget is back under it only below this share of the budget."""
+
+
+def over_memory_budget(rss: int, budget: int, was_over: bool) -> bool:
+    """Whether a worker whose process holds ``rss`` bytes is over its ``budget`` (bytes; 0 = none): above the
+    budget it is, and it stays so until it falls below ``PRESSURE_RELEASE`` of it.
+
+    Why the gap: the fronts stop admitting while any worker is over, and a
+    worker hovering at its budget would otherwise switch admission on and off
+    with every measurement.
+    """
+    if budget <= 0:
+        return False
+    return rss > budget or (was_over and rss >= budget * PRESSURE_RELEASE)

@@ -23,7 +23,7 @@ operation is what marks it as such a copy.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
 from flamestream.core.dead_letter import dead_letter
@@ -224,11 +224,19 @@ class Worker:
     def snapshot(self, below: GlobalTime) -> WorkerState:
         """The state of every grouping restricted to items below ``below``, by grouping name (see
         ``Grouping.snapshot``), each key with its hash so another layout can find its owner."""
+        return self._state(lambda grouping: grouping.snapshot(below))
+
+    def snapshot_changes(self, below: GlobalTime) -> WorkerState:
+        """What ``snapshot(below)`` differs by from the previous call's state (see ``Grouping.snapshot_changes``:
+        a key with no entries left is reported with ``[]``); every grouping is named, changed or not."""
+        return self._state(lambda grouping: grouping.snapshot_changes(below))
+
+    def _state(self, buckets_of: Callable[[Grouping], list[tuple[Hashable, Entries]]]) -> WorkerState:
         state: WorkerState = {}
         for op, grouping in self.groupings.items():
             keyed = self.plan.equivalences[op] is not None  # the key is (hash, equivalence key), else the hash
             buckets: list[tuple[int, Hashable, Entries]] = []
-            for key, entries in grouping.snapshot(below):
+            for key, entries in buckets_of(grouping):
                 h: Any = key[0] if keyed else key  # type: ignore[index]
                 buckets.append((h, key, entries))
             state[self.plan.names[op]] = buckets

@@ -13,19 +13,25 @@ serialization, the socket and the gRPC event-loop work on both ends.
 
 Messages handed over in-process are shared, not copied: senders build a new
 message for every write and never touch it afterwards.
+
+A broken stream, either way, raises ``StreamBroken`` naming the peer — also
+the acker's min-time stream — so the supervisor can tell a lost peer from a
+bug (``flamestream.runtime.supervision``: the node exits once it is not back
+within ``--stream-timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
-from flamestream.runtime.hosting import CLOSE_TIMEOUT, ClientStream, StreamBroken
+from flamestream.runtime.hosting import CLOSE_TIMEOUT, ClientStream, StreamBroken, describe
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.wire import transport
@@ -41,6 +47,13 @@ StreamHandler = Callable[[AsyncIterator[Any], Any], Coroutine[Any, Any, Any]]
 
 MinTimeWatch = Callable[[pb.Empty, Any], AsyncIterator[pb.GlobalTime]]
 """The acker servicer's ``WatchMinTime``."""
+
+LOSE_EXCHANGE = "FLAMESTREAM_TEST_LOSE_EXCHANGE"
+"""Test-only fault injection, an environment variable naming a file PATH: once PATH exists, the next ``Exchange``
+batch the process sends to another node is silently dropped — a lost packet, which only the acker's stall watch can
+notice — and PATH is renamed to PATH.lost (the rename decides which process loses it: one batch per file, however
+many nodes inherit the variable).  Read from the process's environment once, at import: nothing that arrives over
+the network or from ZooKeeper can enable it."""
 
 
 class LocalAbort(Exception):
@@ -127,6 +140,49 @@ class Stream(Protocol[_M_contra]):
     async def close(self) -> None: ...
 
 
+class _Loss:
+    """When to lose an outgoing ``Exchange`` batch (``LOSE_EXCHANGE``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def loses_next(self) -> bool:
+        try:
+            os.rename(self.path, f"{self.path}.lost")
+        except FileNotFoundError:
+            return False
+        return True
+
+
+_LOSS = _Loss(os.environ[LOSE_EXCHANGE]) if os.environ.get(LOSE_EXCHANGE) else None
+
+
+class _Lossy(Generic[_M]):
+    """A stream to another node that may lose a message (test-only, ``LOSE_EXCHANGE``)."""
+
+    def __init__(self, stream: Stream[_M], loss: _Loss) -> None:
+        self.label = stream.label
+        self._stream, self._loss = stream, loss
+
+    async def write(self, message: _M) -> None:
+        if not self._loss.loses_next():
+            await self._stream.write(message)
+
+    async def close(self) -> None:
+        await self._stream.close()
+
+
+async def _min_times(call: Any, acker: str) -> AsyncIterator[pb.GlobalTime]:
+    """The acker's ``WatchMinTime`` call, whose failure is a broken stream naming the acker."""
+    try:
+        async for value in call:
+            yield value
+    except grpc.aio.AioRpcError as exc:
+        raise StreamBroken(f"min-time stream from the acker at {acker} broke ({describe(exc)})") from exc
+    finally:
+        call.cancel()
+
+
 class Channels:
     """One role's outgoing streams and channels; in-process where the address is this node's own.
 
@@ -152,6 +208,8 @@ class Channels:
             handler = self._local.serves(address, method)
             stream = (LocalStream[Any](handler, f"{label} (in-process)") if handler is not None
                       else ClientStream[Any](self.channel(address), method, label))
+            if _LOSS is not None and handler is None and method == transport.EXCHANGE:
+                stream = _Lossy[Any](stream, _LOSS)
             self._streams[(address, method)] = stream
         return stream
 
@@ -162,9 +220,7 @@ class Channels:
         """The acker's min-time stream: the acker's own generator when it runs on this node."""
         if acker == self._local.address and self._local.min_time is not None:
             return self._local.min_time(pb.Empty(), LocalContext())
-        call: AsyncIterator[pb.GlobalTime] = rpc.AckerStub(self.channel(acker)).WatchMinTime(
-            pb.Empty(), wait_for_ready=True)
-        return call
+        return _min_times(rpc.AckerStub(self.channel(acker)).WatchMinTime(pb.Empty(), wait_for_ready=True), acker)
 
     async def close(self) -> None:
         """Half-close every stream and wait (bounded) for its receiver, so nothing written is cancelled in flight."""

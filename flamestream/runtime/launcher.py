@@ -121,7 +121,7 @@ def node_args(plan: NodePlan, *, zookeeper: str, cluster: str, data_dir: str, ho
               port: int = 0, exactly_once: bool = True, log_file: str | None = None,
               log_format: str = "text", snapshot_interval_ms: int = DEFAULT_SNAPSHOT_INTERVAL_MS,
               allow_modules: Iterable[str] = (), log_segment_bytes: int | None = None,
-              tls_dir: str | None = None) -> list[str]:
+              tls_dir: str | None = None, stall_timeout: float | None = None, memory_budget_mb: int = 0) -> list[str]:
     """Interpreter arguments (after ``python``) that run one node: the one place a plan becomes a command line.
 
     ``exactly_once=False`` makes barriers release on arrival (guarantees off).
@@ -138,6 +138,10 @@ def node_args(plan: NodePlan, *, zookeeper: str, cluster: str, data_dir: str, ho
         args += ["--release", "on-arrival"]
     if plan.worker is not None and snapshot_interval_ms != DEFAULT_SNAPSHOT_INTERVAL_MS:
         args += ["--snapshot-interval-ms", str(snapshot_interval_ms)]
+    if plan.worker is not None and memory_budget_mb:
+        args += ["--memory-budget-mb", str(memory_budget_mb)]
+    if plan.acker and stall_timeout is not None:
+        args += ["--stall-timeout", f"{stall_timeout:g}"]
     if plan.front is not None and log_segment_bytes is not None:
         args += ["--log-segment-bytes", str(log_segment_bytes)]
     if log_file is not None:
@@ -190,7 +194,9 @@ class ClusterState:
     log_segment_bytes: int | None = None
     """The fronts' input-log segment size (None: the node's default)."""
     tls_dir: str = ""
-    """The credentials directory of a ``--tls`` cluster ("" = insecure); ``scale`` starts nodes with it too."""
+    """The credentials directory of a secured cluster ("" = ``--insecure``); ``scale`` starts nodes with it too."""
+    memory_budget_mb: int = 0
+    """Every worker's ``--memory-budget-mb`` (0: none)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -206,7 +212,8 @@ class ClusterState:
                    exactly_once=bool(data.get("exactly_once", True)), log_format=str(data.get("log_format", "text")),
                    snapshot_interval_ms=int(data.get("snapshot_interval_ms", DEFAULT_SNAPSHOT_INTERVAL_MS)),
                    allow_modules=[str(m) for m in data.get("allow_modules", [])],
-                   log_segment_bytes=data.get("log_segment_bytes"), tls_dir=str(data.get("tls_dir", "")))
+                   log_segment_bytes=data.get("log_segment_bytes"), tls_dir=str(data.get("tls_dir", "")),
+                   memory_budget_mb=int(data.get("memory_budget_mb", 0)))
 
     def endpoints(self) -> list[tuple[str, str]]:
         """(name, address and hosted members) of ZooKeeper and every node, in start order."""
@@ -406,9 +413,16 @@ class UpOptions:
     log_segment_bytes: int | None = None
     """The fronts' input-log segment size (None: the node's default, 64 MiB)."""
     tls_dir: Path | None = None
-    """``up --tls``: credentials are created here (what is missing) and every node serves mTLS with them."""
+    """Credentials are created here (what is missing) and every node serves mTLS with them; None: the cluster is
+    insecure (``up --insecure``; the launcher's own default, which ``up``'s is not)."""
     supervise: bool = True
     """Leave a supervisor running that restarts crashed nodes (``flamestream.runtime.restarts``)."""
+    hang_timeout: float | None = None
+    """The supervisor's ``--hang-timeout`` (None: its default)."""
+    stall_timeout: float | None = None
+    """The acker's ``--stall-timeout`` (None: its default)."""
+    memory_budget_mb: int = 0
+    """Every worker's ``--memory-budget-mb`` (0: none)."""
 
 
 class _Launcher:
@@ -482,7 +496,8 @@ class _Launcher:
                 plan, zookeeper=self.state.zookeeper, cluster=self.state.cluster, data_dir=str(self.data_dir),
                 exactly_once=self.state.exactly_once, log_file=str(log), log_format=self.state.log_format,
                 snapshot_interval_ms=self.state.snapshot_interval_ms, allow_modules=self.state.allow_modules,
-                log_segment_bytes=self.state.log_segment_bytes, tls_dir=self.state.tls_dir or None), log)
+                log_segment_bytes=self.state.log_segment_bytes, tls_dir=self.state.tls_dir or None,
+                stall_timeout=self.options.stall_timeout, memory_budget_mb=self.state.memory_budget_mb), log)
             record.members = plan.members()
             records.append(record)
         save_state(self.data_dir, self.state)
@@ -513,7 +528,7 @@ class _Launcher:
         for record in nodes:
             while True:
                 self.check_running(record)
-                status = _health(record.address, self.state.tls_dir or None)
+                status = health_status(record.address, self.state.tls_dir or None)
                 if status == "SERVING":
                     break
                 if time.monotonic() >= deadline:
@@ -525,7 +540,7 @@ class _Launcher:
 _HEALTH_CHECK = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/Check"
 
 
-def _health(address: str, tls_dir: str | None = None) -> str:
+def health_status(address: str, tls_dir: str | None = None) -> str:
     """The health status name of ``address``, or why it could not be asked (over TLS as a client with ``tls_dir``).
 
     Called through the method path because the typing stubs of the generated
@@ -555,7 +570,8 @@ def start_cluster(options: UpOptions) -> ClusterState:
                          own_zookeeper=options.zookeeper is None, exactly_once=options.exactly_once,
                          log_format=options.log_format, snapshot_interval_ms=options.snapshot_interval_ms,
                          allow_modules=list(options.allow_modules), log_segment_bytes=options.log_segment_bytes,
-                         tls_dir=str(options.tls_dir.resolve()) if options.tls_dir else "")
+                         tls_dir=str(options.tls_dir.resolve()) if options.tls_dir else "",
+                         memory_budget_mb=options.memory_budget_mb)
     plans = plan_nodes(options.nodes, options.fronts, options.placement)
     if options.tls_dir is not None:
         tls.init(options.tls_dir, [(plan.name, "127.0.0.1") for plan in plans])
@@ -564,6 +580,8 @@ def start_cluster(options: UpOptions) -> ClusterState:
     try:
         if options.zookeeper is None:
             launcher.start_zookeeper(deadline)
+        if options.tls_dir is not None:
+            tls.record_cluster(options.tls_dir, state.zookeeper, options.cluster)
         store = ClusterStore(state.zookeeper, cluster=options.cluster,
                              timeout=max(1.0, min(10.0, deadline - time.monotonic())), **store_auth(state))
         try:
@@ -579,7 +597,9 @@ def start_cluster(options: UpOptions) -> ClusterState:
             store.stop()
         launcher.wait_serving(deadline, nodes)
         if options.supervise:
-            launcher.spawn(SUPERVISOR, SUPERVISOR, ["-m", "flamestream", "supervise", "--data-dir", str(data_dir)])
+            hang = [] if options.hang_timeout is None else ["--hang-timeout", f"{options.hang_timeout:g}"]
+            launcher.spawn(SUPERVISOR, SUPERVISOR, ["-m", "flamestream", "supervise", "--data-dir", str(data_dir),
+                                                    *hang])
     except BaseException:
         with contextlib.suppress(StopError):
             stop_cluster(state)
@@ -589,7 +609,7 @@ def start_cluster(options: UpOptions) -> ClusterState:
 
 
 def store_auth(state: ClusterState) -> dict[str, Any]:
-    """ClusterStore keywords of the launcher's own session: the ``service`` identity of a ``--tls`` cluster,
+    """ClusterStore keywords of the launcher's own session: the ``service`` identity of a secured cluster,
     so the subtree it creates first is guarded from the start."""
     if not state.tls_dir:
         return {}

@@ -22,30 +22,32 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import math
 import os
+import reprlib
 import signal
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from flamestream.cluster import ClusterStore, placement
 from flamestream.core.functions import check_module_name
 from flamestream.core.tick import Tick
 from flamestream.runtime import logs, recovery
 from flamestream.runtime.channels import LocalEndpoints
-from flamestream.runtime.supervision import Supervisor
-from flamestream.wire import transport
-from flamestream.wire.security import AuthInterceptor, Credentials
+from flamestream.runtime.supervision import STREAM_TIMEOUT, Supervisor
+from flamestream.wire import codec, transport
+from flamestream.wire.security import ADVERTISED, AuthInterceptor, Credentials
 from flamestream.wire.transport import GRPC_OPTIONS
 
 log = logs.role_logger("node")
 
 
-RECOVERY_POLL = 0.25
-"""Seconds between looks for restarted peers (recovery starts within this of a restarted process registering)."""
+RECOVERY_POLL = 1.0
+"""Seconds between looks for restarted peers when no ZooKeeper watch woke the node (one lost with its session)."""
 
 
 class PeerRestarted(Exception):
@@ -82,11 +84,34 @@ class Role(Protocol):
     async def close(self) -> None: ...
 
 
+class _Health(health.aio.HealthServicer):
+    """The standard health service, whose ``Check`` of a service the node does not serve says so: the library's
+    NOT_FOUND has no message, and every error this node answers with carries one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._served = {""}
+
+    async def set(self, service: str, status: int) -> None:
+        self._served.add(service)
+        await super().set(service, status)
+
+    async def Check(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext[Any, Any]) -> health_pb2.HealthCheckResponse:
+        if request.service not in self._served:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"this node serves no service {reprlib.repr(request.service)}")  # bounded
+        return await super().Check(request, context)
+
+
 class Node:
     def __init__(self, name: str, roles: list[Role], store: ClusterStore, local: LocalEndpoints, *,
                  host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = None,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None, stream_timeout: float = STREAM_TIMEOUT) -> None:
         """``roles`` were built around ``local`` (their in-process peers) and ``store`` (the node's session).
+
+        ``stream_timeout``: seconds a role may stay NOT_SERVING after its stream to a peer broke before the node
+        exits 1 (``Supervisor``); 0 = never.
 
         ``credentials`` (a ``--tls`` node): serve mTLS, check every call (``AuthInterceptor``) and present the
         node certificate on every channel to a peer; None serves plaintext, as an insecure cluster does.
@@ -103,8 +128,8 @@ class Node:
                                       if credentials is not None else None)
         if credentials is not None:
             transport.use_tls(credentials.channel_credentials(with_tokens=False))
-        self.health = health.aio.HealthServicer()
-        self.supervisor = Supervisor(self.health)
+        self.health = _Health()
+        self.supervisor = Supervisor(self.health, stream_timeout)
         self.local = local
         self._ticks: asyncio.Queue[Tick] = asyncio.Queue()
         self._stopped = asyncio.Event()
@@ -121,7 +146,7 @@ class Node:
         await asyncio.to_thread(self.store.start)
         for role in self.roles:
             role.register(self.server, self.local)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        codec.add_servicer(self.server, self.health, health_pb2.DESCRIPTOR.services_by_name["Health"])
         bind = f"{self.host}:{self.port}"
         port = (self.server.add_secure_port(bind, self.credentials.server_credentials()) if self.credentials
                 else self.server.add_insecure_port(bind))
@@ -153,6 +178,10 @@ class Node:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopped.set)
         log.info("serving %s at %s", ", ".join(role.name for role in self.roles), self.local.address)
+        if self.credentials is None:
+            log.warning("INSECURE: plaintext gRPC, no authentication, open ZooKeeper ACLs: whoever reaches %s or "
+                        "ZooKeeper may push, read the topic, forge exchanges and acks, or deploy code (this node has "
+                        "no --tls-dir: `flamestream up --insecure`)", self.local.address)
         print(f"ready {self.name} {self.local.address}", flush=True)  # the launcher's and tests' start signal
         return self.local.address
 
@@ -183,7 +212,7 @@ class Node:
 
         deadline = time.monotonic() + self.store.timeout + 5
         for role in self.roles:
-            info = {"address": self.local.address, **identity, **role.info()}
+            info = {"address": self.local.address, **identity, **role.info(), ADVERTISED: self._advertised()}
             if self.recovering is not None:
                 info[recovery.RECOVERING] = self.recovering
             while True:
@@ -195,6 +224,11 @@ class Node:
                         raise SystemExit(f"node {self.name}: {exc}") from None
                     log.warning("%s; waiting for its session to expire", exc)
                     await asyncio.sleep(0.5)
+
+    def _advertised(self) -> str:
+        """Where clients without credentials may find them if they can read it (``security.discover``: a path is
+        no secret); "" says this node serves plaintext."""
+        return str(self.credentials.directory.resolve()) if self.credentials is not None else ""
 
     def _lock_path(self) -> Path:
         """The node lock; that it exists at all says this node ran on this data dir before (a restart)."""
@@ -232,9 +266,27 @@ class Node:
 
     async def _watch_recovery(self) -> None:
         """Restart (exit 1) when a peer of the running tick restarted; publish the recovery tick once all did
-        (``flamestream.runtime.recovery``).  ZooKeeper away: look again later, the stream does not need it."""
+        (``flamestream.runtime.recovery``).  ZooKeeper away: look again later, the stream does not need it.
+
+        A look follows every change of the members (a restarted process registering), woken by ZooKeeper
+        watches, so recovery starts as soon as the last process is back instead of a polling interval later;
+        ``RECOVERY_POLL`` is only the fallback.
+        """
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def wake() -> None:  # kazoo's thread
+            loop.call_soon_threadsafe(changed.set)
+
+        try:
+            await asyncio.to_thread(self.store.watch_members, wake)
+        except Exception:
+            log.warning("cannot watch the members; looking for restarted peers every %gs", RECOVERY_POLL,
+                        exc_info=True)
         while True:
-            await asyncio.sleep(RECOVERY_POLL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), RECOVERY_POLL)
+            changed.clear()
             try:
                 restarted = await asyncio.to_thread(recovery.check, self.store, self.applied)
             except Exception:
@@ -287,9 +339,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", choices=logs.FORMATS, default="text", help="text (default) or json lines")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="default INFO")
+    parser.add_argument("--stream-timeout", type=timeout_seconds, default=STREAM_TIMEOUT, metavar="S",
+                        help="exit 1 (so a supervisor restarts the node and the cluster recovers) when a stream to "
+                             "another node broke and its role is not serving again within S seconds; 0 = never "
+                             f"(default {STREAM_TIMEOUT:g})")
     parser.add_argument("--tls-dir", type=Path, help="serve mTLS with the credentials here (`up --tls` makes "
                         "DIR/tls); the node's certificate nodes/<name>.pem is issued for --host if missing")
     add_allow_module_argument(parser)
+
+
+def timeout_seconds(text: str) -> float:
+    """An argparse type: a failure-detection timeout in seconds, 0 meaning off."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds (0 = off), got {text}")
+    return value
 
 
 def allow_module(text: str) -> str:

@@ -110,7 +110,8 @@ def recovery_tick(store: ClusterStore, tick: Tick, roster: dict[tuple[str, str],
             continue
         for name in store.complete_snapshots(t.number, len(t.workers)):
             boundary = boundary_of(name)
-            if boundary >= origin.start and (best is None or boundary > best[0]):
+            # ``>=``: of two ticks that registered one boundary, the later wrote the files now in its directory.
+            if boundary >= origin.start and (best is None or boundary >= best[0]):
                 best = (boundary, t.number)
     start, previous = best if best is not None else (origin.start, None)
     address = {(kind, name): str(info["address"]) for (kind, name), info in roster.items()}

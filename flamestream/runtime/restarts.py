@@ -2,12 +2,24 @@
 
 A node that dies (kill -9, an essential task's failure, a peer's restart that
 makes it restart for recovery) is started again with its own command line,
-data dir and port, after a backoff that doubles while it keeps crashing
-(0.5 s up to 10 s, back to 0.5 s once it ran for 30 s).  What makes the
+data dir and port: at once the first time (the cluster's recovery waits for
+it), then after a backoff that doubles while it keeps crashing (0.5 s up to
+10 s; at once again after it ran for 10 s).  What makes the
 restart correct is not here: the restarted process registers as recovering
 and the cluster recovers from its last complete snapshot
 (``flamestream.runtime.recovery``) — so docker's ``restart: on-failure``,
 which plays this role in docker-compose, takes the same path.
+
+A node that hangs rather than dies (SIGSTOP, a deadlocked event loop) is
+found by its gRPC health check: every node is asked every ``PROBE_EVERY``
+seconds, in the background, and one that has answered before (so a node still
+starting up, loading a big snapshot, is never judged) but then gives no
+answer at all for ``--hang-timeout`` seconds is killed with SIGKILL and so
+restarted like a crashed one.  Any answer counts, NOT_SERVING too: a node
+that reports a failed role is alive and says so itself.  The default of 10 s
+is long against a healthy node's answer (its event loop is never busy for
+more than a fraction of a second: snapshots are encoded in chunks, files are
+read off the loop) and short against the recovery the kill starts.
 
 The state file (``DIR/cluster.json``) is the list of what to keep running:
 read afresh every round, so nodes that ``scale`` adds are supervised and
@@ -18,32 +30,67 @@ restarted; each restart is written back, for ``flamestream status``.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 
-from flamestream.runtime.launcher import NODE, is_alive, load_state, respawn, save_state
+from flamestream.runtime.launcher import NODE, ProcessRecord, health_status, is_alive, load_state, respawn, save_state
 
 log = logging.getLogger("flamestream.supervise")
 
 POLL = 0.2
 FIRST_BACKOFF = 0.5
+"""Seconds before the second restart in a row (the first is at once)."""
 MAX_BACKOFF = 10.0
-STABLE_AFTER = 30.0
-"""Seconds a restarted node must run before its next crash counts as a first one again."""
+STABLE_AFTER = 10.0
+"""Seconds a restarted node must run before its next crash counts as a first one again.  Short, because every
+crash also makes the survivors of its tick exit to be restarted: with 30 s, faults 20 s apart (the chaos bench)
+grew every node's backoff to 10 s, and the recovery time with it (3 s -> 17 s); a loop that crashes within 10 s
+of each start still backs off."""
+HANG_TIMEOUT = 10.0
+"""Default ``--hang-timeout``: seconds without any health answer before a node that answered once is killed."""
+PROBE_EVERY = 1.0
+"""Seconds between the health probes of one node (each has a deadline of its own, ``health_status``)."""
 
 
 class _Backoff:
     def __init__(self) -> None:
-        self.delay = FIRST_BACKOFF
+        self.delay = 0.0
         self.started = 0.0
         self.due: float | None = None
 
 
-def supervise(data_dir: Path) -> int:
-    """Restart the nodes recorded in ``data_dir``'s state file whenever they die, until SIGTERM (exit 0) or the
-    state file is gone (the cluster was taken down)."""
+class _Probes:
+    """Health probes of one node process (pid and start time): whether and when it last answered."""
+
+    def __init__(self, record: ProcessRecord) -> None:
+        self.process = (record.pid, record.started)
+        self.answered: float | None = None
+        """When it last gave any answer; None until its first, and only then can it count as hung."""
+        self.last = "no answer yet"
+        self.pending: Future[str] | None = None
+        self.due = 0.0
+
+    def hung(self, record: ProcessRecord, now: float, timeout: float, pool: ThreadPoolExecutor,
+             tls_dir: str | None) -> bool:
+        """Collect the last probe's answer, send the next when due; whether no answer came for ``timeout``."""
+        if self.pending is not None and self.pending.done():
+            self.last = self.pending.result()
+            self.pending = None
+            if not self.last.startswith("unreachable"):
+                self.answered = now
+        if self.pending is None and now >= self.due:
+            self.pending = pool.submit(health_status, record.address, tls_dir)
+            self.due = now + PROBE_EVERY
+        return self.answered is not None and now - self.answered >= timeout
+
+
+def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
+    """Restart the nodes recorded in ``data_dir``'s state file whenever they die — or hang for ``hang_timeout``
+    seconds (0: never judged) — until SIGTERM (exit 0) or the state file is gone (the cluster was taken down)."""
     stopping = False
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
@@ -53,7 +100,10 @@ def supervise(data_dir: Path) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     backoffs: dict[str, _Backoff] = {}
-    log.info("supervising the nodes of %s", data_dir)
+    probes: dict[str, _Probes] = {}
+    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="health")
+    log.info("supervising the nodes of %s (hang timeout %s)", data_dir,
+             f"{hang_timeout:g}s" if hang_timeout > 0 else "off")
     while not stopping:
         state = load_state(data_dir)
         if state is None:
@@ -62,21 +112,24 @@ def supervise(data_dir: Path) -> int:
         restarted: set[str] = set()
         now = time.monotonic()
         for record in state.processes:
-            if record.role != NODE or is_alive(record.pid, record.started):
+            if record.role != NODE:
+                continue
+            if is_alive(record.pid, record.started):
+                if hang_timeout > 0 and record.address:
+                    _kill_if_hung(record, probes, now, hang_timeout, pool, state.tls_dir or None)
                 continue
             backoff = backoffs.setdefault(record.name, _Backoff())
             if backoff.due is None:
                 if now - backoff.started > STABLE_AFTER:
-                    backoff.delay = FIRST_BACKOFF
+                    backoff.delay = 0.0
                 backoff.due = now + backoff.delay
                 log.warning("node %s (pid %d) is gone; restarting it in %.1fs", record.name, record.pid,
                             backoff.delay)
-                continue
             if now < backoff.due or stopping:
                 continue
             respawn(data_dir, record)
             backoff.started, backoff.due = now, None
-            backoff.delay = min(backoff.delay * 2, MAX_BACKOFF)
+            backoff.delay = min(max(backoff.delay * 2, FIRST_BACKOFF), MAX_BACKOFF)
             log.warning("restarted node %s as pid %d (restart %d)", record.name, record.pid, record.restarts)
             restarted.add(record.name)
         if restarted:
@@ -90,5 +143,22 @@ def supervise(data_dir: Path) -> int:
                         record.pid, record.started, record.restarts = new.pid, new.started, new.restarts
                 save_state(data_dir, latest)
         time.sleep(POLL)
+    pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
     return 0
+
+
+def _kill_if_hung(record: ProcessRecord, probes: dict[str, _Probes], now: float, timeout: float,
+                  pool: ThreadPoolExecutor, tls_dir: str | None) -> None:
+    """SIGKILL ``record``'s process if it stopped answering its health check (it is restarted as a dead one)."""
+    probe = probes.get(record.name)
+    if probe is None or probe.process != (record.pid, record.started):  # a new process: judged afresh
+        probe = probes[record.name] = _Probes(record)
+    if not probe.hung(record, now, timeout, pool, tls_dir):
+        return
+    assert probe.answered is not None
+    log.warning("node %s (pid %d) hangs: no answer to its health check for %.1fs (last: %s); killing it (SIGKILL) "
+                "to restart it", record.name, record.pid, now - probe.answered, probe.last)
+    del probes[record.name]
+    if is_alive(record.pid, record.started):
+        os.kill(record.pid, signal.SIGKILL)

@@ -10,6 +10,13 @@ and the log instead of as output that quietly stops.
 An *essential* task's failure also stops the node with a non-zero exit code:
 the role cannot go on, and a supervisor (``up``, docker's ``restart``) sees a
 dead process.
+
+A task that fails because its stream to another node broke (``StreamBroken``:
+a peer that died or a connection that was cut) gets ``stream_timeout`` seconds
+to come back — the role turning SERVING again (``recovered``) — and then stops
+the node too, naming the peer (issue #11): nothing reopens a broken stream
+(what it carried is unknown), so waiting longer would only leave the role
+NOT_SERVING for good while the cluster's restart-and-recover path stands idle.
 """
 
 from __future__ import annotations
@@ -21,15 +28,21 @@ from typing import Any
 
 from grpc_health.v1 import health, health_pb2
 
+from flamestream.runtime.hosting import StreamBroken
 from flamestream.runtime.logs import role_logger
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
+STREAM_TIMEOUT = 10.0
+"""Default ``--stream-timeout``: seconds a role may stay NOT_SERVING after a stream to a peer broke."""
+
 
 class Supervisor:
-    def __init__(self, health_servicer: health.aio.HealthServicer) -> None:
+    def __init__(self, health_servicer: health.aio.HealthServicer, stream_timeout: float = STREAM_TIMEOUT) -> None:
+        """``stream_timeout``: seconds before a broken stream that did not come back stops the node (0: never)."""
         self.health = health_servicer
+        self.stream_timeout = stream_timeout
         self.failures: dict[str, str] = {}
         """Role name -> why it turned NOT_SERVING (the first failure)."""
         self.fatal = asyncio.Event()
@@ -37,6 +50,8 @@ class Supervisor:
         self.stopping = False
         self._tasks: dict[asyncio.Task[Any], tuple[str, str, bool, bool]] = {}
         self._health_updates: set[asyncio.Task[None]] = set()
+        self._broken: dict[str, asyncio.TimerHandle] = {}
+        """Role -> the timer that stops the node unless the role recovers from its broken stream first."""
 
     async def serving(self, roles: list[str]) -> None:
         """Declare the node and each of ``roles`` SERVING (each role is also a health service name)."""
@@ -60,6 +75,14 @@ class Supervisor:
         if error is None and finite:
             return
         self.fail(role, f"{what} {'failed' if error is not None else 'ended unexpectedly'}", error, essential)
+        if isinstance(error, StreamBroken) and not essential and self.stream_timeout > 0 and role not in self._broken:
+            self._broken[role] = asyncio.get_running_loop().call_later(
+                self.stream_timeout, self._not_back, role, f"{what}: {error}")
+
+    def _not_back(self, role: str, broken: str) -> None:
+        del self._broken[role]
+        if role in self.failures and not self.stopping:
+            self.fail(role, f"{broken}; it did not come back within {self.stream_timeout:g}s", essential=True)
 
     def fail(self, role: str, reason: str, error: BaseException | None = None, essential: bool = False) -> None:
         """Log ``reason`` (with ``error``'s traceback) and turn ``role`` and the node NOT_SERVING."""
@@ -81,6 +104,9 @@ class Supervisor:
         if failure is None or not failure.startswith(reason):
             return
         del self.failures[role]
+        timer = self._broken.pop(role, None)
+        if timer is not None:
+            timer.cancel()
         role_logger(role).info("%s is SERVING again", role)
         await self.health.set(role, SERVING)
         if not self.failures:
@@ -89,6 +115,9 @@ class Supervisor:
     async def stop(self) -> None:
         """Cancel every task still running and wait for them: the node is shutting down."""
         self.stopping = True
+        for timer in self._broken.values():
+            timer.cancel()
+        self._broken.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

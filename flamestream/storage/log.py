@@ -63,6 +63,7 @@ deleted records (the fronts keep their producers' last sequences there).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -164,6 +165,16 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is the disk or the quota running out: a condition freeing space ends."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 class SegmentedLog:
@@ -521,6 +532,12 @@ class SegmentedLog:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError(f"log {self.directory} is closed")
+
+    def reopen(self) -> SegmentedLog:
+        """This log closed and opened again: what a writer does after a failed append, since only the rescan
+        of opening (which cuts a torn tail and fsyncs) tells which of the batch's records reached the disk."""
+        self.close()
+        return SegmentedLog(self.directory, self.segment_bytes, self.fsync, self.readonly)
 
     def close(self) -> None:
         """Release the files and the writer lock; idempotent."""

@@ -1,0 +1,214 @@
+"""Failure detection beyond a process exit (issue #11): hangs, broken streams and lost batches become restarts.
+
+The pure part — whether an in-flight global time is stuck — is tested
+directly; the timers on real processes: an acker that exits on a stuck global
+time, a node that exits on a broken stream, and on a real cluster a SIGSTOPped
+node that the supervisor kills and a lost ``Exchange`` batch that the acker
+notices, both followed by a recovery whose topic equals the oracle exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health
+
+from flamestream.cluster import ClusterStore
+from flamestream.core.acker import AckTable, StallDetector
+from flamestream.core.meta import GlobalTime
+from flamestream.runtime.channels import LOSE_EXCHANGE
+from flamestream.runtime.hosting import StreamBroken
+from flamestream.runtime.supervision import Supervisor
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as pb_grpc
+from tests.test_acker_service import REPO, ack, publish_tick, report, send
+from tests.test_nodes import eventually
+from tests.test_recovery import _kill_and_check, _node
+
+A, B = GlobalTime(10, 0), GlobalTime(20, 0)
+
+
+# -- the pure detector -----------------------------------------------------------------------------------------
+
+
+def test_oldest_in_flight_ignores_the_fronts_promises() -> None:
+    table = AckTable([0])
+    assert table.oldest_in_flight() is None
+    table.ack(B, 5)
+    table.ack(A, 7)
+    assert table.oldest_in_flight() == A and table.min_time() == GlobalTime(0, 0)  # capped by the promise
+    table.ack(A, 7)
+    assert table.oldest_in_flight() == B
+    table.ack(B, 5)
+    assert table.oldest_in_flight() is None
+
+
+def test_a_global_time_stuck_for_the_timeout_is_a_stall() -> None:
+    detector = StallDetector(timeout=30)
+    assert detector.observe(0, A) is None
+    assert detector.observe(29.9, A) is None
+    stall = detector.observe(30, A)
+    assert stall is not None and stall.time == A and stall.seconds == 30
+
+
+def test_a_moving_stream_never_stalls_and_nothing_in_flight_is_no_stall() -> None:
+    detector = StallDetector(timeout=5)
+    for look in range(1000):  # a new oldest time at every look, every 0.1 s
+        assert detector.observe(look / 10, GlobalTime(look, 0)) is None
+    assert detector.typical == pytest.approx(0.1)
+    assert detector.observe(100, None) is None
+    assert detector.observe(1000, None) is None  # idle: a silent front holds the min time, nothing is stuck
+    assert detector.observe(1001, A) is None  # the clock starts when a time is first seen, not at the last change
+    assert detector.observe(1005.9, A) is None
+    assert detector.observe(1006, A) is not None
+
+
+def test_a_slow_stream_gets_longer_than_the_timeout() -> None:
+    """The oldest time usually moves on every 4 s (a backlog): stuck means 10 x that, not just the timeout."""
+    detector = StallDetector(timeout=5, factor=10)
+    for step in range(40):
+        assert detector.observe(4.0 * step, GlobalTime(step, 0)) is None
+    assert detector.typical == pytest.approx(4.0, rel=0.01)
+    start = 4.0 * 39
+    assert detector.observe(start + 39, GlobalTime(39, 0)) is None
+    stall = detector.observe(start + 41, GlobalTime(39, 0))
+    assert stall is not None and stall.typical == pytest.approx(4.0, rel=0.01)
+
+
+def test_the_detector_needs_a_positive_timeout() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        StallDetector(timeout=0)
+
+
+# -- broken streams in a node ----------------------------------------------------------------------------------
+
+
+async def _broken() -> None:
+    raise StreamBroken("stream to worker 1 at 10.0.0.2:5000 broke (UNAVAILABLE: Socket closed)")
+
+
+def test_a_broken_stream_that_does_not_come_back_stops_the_node_naming_the_peer() -> None:
+    async def scenario() -> None:
+        supervisor = Supervisor(health.aio.HealthServicer(), stream_timeout=0.2)
+        supervisor.spawn("worker0", "min-time watch", _broken())
+        await asyncio.sleep(0.05)
+        assert not supervisor.fatal.is_set() and "worker0" in supervisor.failures  # NOT_SERVING, still running
+        await asyncio.wait_for(supervisor.fatal.wait(), 5)
+        await supervisor.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_broken_stream_whose_role_recovers_in_time_does_not_stop_the_node() -> None:
+    async def scenario() -> None:
+        supervisor = Supervisor(health.aio.HealthServicer(), stream_timeout=0.3)
+        supervisor.spawn("worker0", "min-time watch", _broken())
+        await asyncio.sleep(0.05)
+        await supervisor.recovered("worker0", "min-time watch")
+        fatal = asyncio.create_task(supervisor.fatal.wait())
+        done, _ = await asyncio.wait([fatal], timeout=1.0)  # more than three times the timeout
+        assert not done and not supervisor.failures
+        fatal.cancel()
+        await supervisor.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_node_exits_1_naming_the_acker_whose_stream_broke(zookeeper: str, cluster_name: str,
+                                                            tmp_path: Path) -> None:
+    """A worker node whose acker dies: its min-time stream breaks, and after --stream-timeout the node exits 1."""
+    acker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--name", "acker", "--zookeeper",
+                              zookeeper, "--cluster", cluster_name, "--acker"], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    worker = None
+    try:
+        assert acker.stdout is not None
+        address = acker.stdout.readline().split()[2]
+        publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=0, acker=address)
+        log = tmp_path / "worker.log"
+        worker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--name", "w", "--zookeeper",
+                                   zookeeper, "--cluster", cluster_name, "--worker", "0", "--stream-timeout", "1",
+                                   "--log-file", str(log)], cwd=REPO, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        eventually(lambda: "serving worker0" in (log.read_text() if log.exists() else ""), "the worker to serve")
+        acker.kill()
+        assert worker.wait(60) == 1
+        text = log.read_text()
+        assert f"min-time stream from the acker at {address} broke" in text and "did not come back within 1s" in text
+    finally:
+        for process in (acker, worker):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+# -- lost batches: the acker's stall watch ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_acker_exits_1_on_a_global_time_stuck_in_flight(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    """A send ack whose receipt never comes (the batch was lost): the acker logs the global time and exits 1,
+    while a time that completes, and the fronts' reports moving on, change nothing about that."""
+    log = tmp_path / "acker.log"
+    acker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--name", "acker", "--zookeeper",
+                              zookeeper, "--cluster", cluster_name, "--acker", "--stall-timeout", "2",
+                              "--log-file", str(log)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True)
+    try:
+        assert acker.stdout is not None
+        address = acker.stdout.readline().split()[2]
+        publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=100, acker=address)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.AckerStub(channel)
+            send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xA), ack(160, 0, 0xB)]), report(0, 1000),
+                        pb.AckBatch(acks=[ack(160, 0, 0xB)])])  # 160 completes, 150 stays in flight
+        assert acker.wait(60) == 1
+    finally:
+        if acker.poll() is None:
+            acker.kill()
+            acker.wait()
+    text = log.read_text()
+    assert "global time GlobalTime(ts=150, front=0) has been in flight" in text and "a batch was lost" in text
+
+
+# -- on a real cluster: detection, restart, recovery, topic == oracle --------------------------------------------
+
+@pytest.mark.slow
+def test_a_sigstopped_node_is_killed_by_the_supervisor_and_the_cluster_recovers(cluster_dir: Path, zookeeper: str,
+                                                                                 cluster_name: str) -> None:
+    def hang(_store: ClusterStore) -> int:
+        node1 = _node(cluster_dir, "node1")
+        os.kill(node1["pid"], signal.SIGSTOP)  # alive, holding its port, answering nothing
+        eventually(lambda: _node(cluster_dir, "node1")["restarts"] >= 1, "the supervisor to restart node1")
+        return 1  # recovery tick
+
+    _kill_and_check(cluster_dir, zookeeper, cluster_name,
+                    ["--nodes", "2", "--snapshot-interval-ms", "300", "--hang-timeout", "5"], hang)
+    supervisor = (cluster_dir / "logs" / "supervisor.out").read_text()
+    assert "node node1" in supervisor and "hangs: no answer to its health check" in supervisor, supervisor
+
+
+@pytest.mark.slow
+def test_a_lost_exchange_batch_is_detected_by_the_acker_and_the_cluster_recovers(
+        cluster_dir: Path, zookeeper: str, cluster_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loss = tmp_path / "lose-one-exchange"
+    monkeypatch.setenv(LOSE_EXCHANGE, str(loss))  # inherited by `up`, its nodes and its supervisor
+
+    def lose(_store: ClusterStore) -> int:
+        loss.touch()
+        eventually(lambda: Path(f"{loss}.lost").exists(), "a node to lose an Exchange batch")
+        return 1  # recovery tick
+
+    _kill_and_check(cluster_dir, zookeeper, cluster_name,
+                    ["--nodes", "2", "--snapshot-interval-ms", "300", "--stall-timeout", "8"], lose)
+    node0 = (cluster_dir / "logs" / "node0.log").read_text()
+    assert "has been in flight" in node0 and "a batch was lost or a worker is stuck" in node0
+    assert not loss.exists()  # one batch lost, not one per process
