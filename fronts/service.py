@@ -360,6 +360,8 @@ class FrontService(rpc.FrontServicer):
         if route.broken is None:
             route.broken = f"{exc}; waiting for a new tick"
             self.logger.error("%s", route.broken)
+            if self._supervisor is not None:  # a dead peer: the node restarts at once, for the recovery
+                self._supervisor.peer_lost(f"front{self.front_id}", str(exc), exc)
 
     # -- pushes ------------------------------------------------------------------
 

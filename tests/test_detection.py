@@ -10,8 +10,10 @@ notices, both followed by a recovery whose topic equals the oracle exactly.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,7 @@ from flamestream.cluster import ClusterStore
 from flamestream.core.acker import AckTable, StallDetector
 from flamestream.core.meta import GlobalTime
 from flamestream.runtime.channels import LOSE_EXCHANGE
-from flamestream.runtime.hosting import StreamBroken
+from flamestream.runtime.hosting import StreamBroken, refuses
 from flamestream.runtime.supervision import Supervisor
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
@@ -121,10 +123,95 @@ def test_a_broken_stream_whose_role_recovers_in_time_does_not_stop_the_node() ->
     asyncio.run(scenario())
 
 
+def _established_to(port: int) -> bool:
+    """Whether some TCP connection to ``port`` is established (/proc/net/tcp and tcp6: state 01; gRPC may open
+    an IPv4 connection as IPv4-mapped IPv6)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[2].rpartition(":")[2], 16) == port:
+                return True
+    return False
+
+
+def _closed_port() -> str:
+    """A loopback address nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_refuses_tells_a_closed_port_from_a_listening_one() -> None:
+    async def scenario() -> None:
+        server = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            assert await refuses(_closed_port())
+            assert not await refuses(f"127.0.0.1:{port}")
+            assert not await refuses("not an address")
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
+def test_a_broken_stream_to_a_dead_peer_stops_the_node_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The peer's address refuses connections: its process is gone, so the node stops without waiting out the
+    stream timeout (here an hour), to restart alongside the dead peer."""
+    peer = _closed_port()
+
+    async def broken() -> None:
+        raise StreamBroken(f"stream to worker 1 at {peer} broke (UNAVAILABLE: Socket closed)", peer)
+
+    async def scenario() -> None:
+        supervisor = Supervisor(health.aio.HealthServicer(), stream_timeout=3600)
+        supervisor.spawn("worker0", "exchange", broken())
+        await asyncio.wait_for(supervisor.fatal.wait(), 10)
+        await supervisor.stop()
+
+    with caplog.at_level(logging.CRITICAL):
+        asyncio.run(scenario())
+    (record,) = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert f"{peer} refuses connections: the process there is gone" in record.getMessage()
+
+
+def test_a_broken_stream_to_a_live_peer_waits_for_the_stream_timeout() -> None:
+    """The peer still accepts connections (a cut stream, not a dead process): the probe proves nothing, so the
+    node stops only after the timeout; the probe's own answer is awaited first (positive signal)."""
+    async def scenario() -> None:
+        accepted = asyncio.Event()
+
+        def on_connect(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set()
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        peer = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+        async def broken() -> None:
+            raise StreamBroken(f"stream to worker 1 at {peer} broke", peer)
+
+        supervisor = Supervisor(health.aio.HealthServicer(), stream_timeout=1.0)
+        started = asyncio.get_running_loop().time()
+        supervisor.spawn("worker0", "exchange", broken())
+        await asyncio.wait_for(accepted.wait(), 10)  # the probe connected
+        await asyncio.sleep(0.1)  # and had its answer handled
+        assert not supervisor.fatal.is_set()
+        await asyncio.wait_for(supervisor.fatal.wait(), 10)
+        assert asyncio.get_running_loop().time() - started >= 1.0
+        await supervisor.stop()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.slow
 def test_a_node_exits_1_naming_the_acker_whose_stream_broke(zookeeper: str, cluster_name: str,
                                                             tmp_path: Path) -> None:
-    """A worker node whose acker dies: its min-time stream breaks, and after --stream-timeout the node exits 1."""
+    """A worker node whose acker dies: its min-time stream breaks and the acker's address refuses connections,
+    so the node exits 1 at once, not after --stream-timeout (an hour here)."""
     acker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--name", "acker", "--zookeeper",
                               zookeeper, "--cluster", cluster_name, "--acker"], cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
@@ -135,14 +222,17 @@ def test_a_node_exits_1_naming_the_acker_whose_stream_broke(zookeeper: str, clus
         publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=0, acker=address)
         log = tmp_path / "worker.log"
         worker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--name", "w", "--zookeeper",
-                                   zookeeper, "--cluster", cluster_name, "--worker", "0", "--stream-timeout", "1",
+                                   zookeeper, "--cluster", cluster_name, "--worker", "0", "--stream-timeout", "3600",
                                    "--log-file", str(log)], cwd=REPO, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         eventually(lambda: "serving worker0" in (log.read_text() if log.exists() else ""), "the worker to serve")
+        # Its min-time watch waits for the acker (wait_for_ready): kill the acker only once the watch is connected.
+        eventually(lambda: _established_to(int(address.rpartition(":")[2])), "the worker's min-time watch")
         acker.kill()
         assert worker.wait(60) == 1
         text = log.read_text()
-        assert f"min-time stream from the acker at {address} broke" in text and "did not come back within 1s" in text
+        assert f"min-time stream from the acker at {address} broke" in text
+        assert f"{address} refuses connections: the process there is gone" in text
     finally:
         for process in (acker, worker):
             if process is not None and process.poll() is None:

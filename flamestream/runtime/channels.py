@@ -178,7 +178,7 @@ async def _min_times(call: Any, acker: str) -> AsyncIterator[pb.GlobalTime]:
         async for value in call:
             yield value
     except grpc.aio.AioRpcError as exc:
-        raise StreamBroken(f"min-time stream from the acker at {acker} broke ({describe(exc)})") from exc
+        raise StreamBroken(f"min-time stream from the acker at {acker} broke ({describe(exc)})", acker) from exc
     finally:
         call.cancel()
 
@@ -207,7 +207,7 @@ class Channels:
             label = label or address
             handler = self._local.serves(address, method)
             stream = (LocalStream[Any](handler, f"{label} (in-process)") if handler is not None
-                      else ClientStream[Any](self.channel(address), method, label))
+                      else ClientStream[Any](self.channel(address), method, label, address))
             if _LOSS is not None and handler is None and method == transport.EXCHANGE:
                 stream = _Lossy[Any](stream, _LOSS)
             self._streams[(address, method)] = stream

@@ -27,7 +27,37 @@ _M = TypeVar("_M", bound=Message)
 
 
 class StreamBroken(Exception):
-    """A long-lived call failed; how much of what it carried arrived is unknown."""
+    """A long-lived call failed; how much of what it carried arrived is unknown.
+
+    ``peer``: the address of the other node ("" for an in-process stream), so the supervisor can ask whether
+    anything still listens there (``refuses``).
+    """
+
+    def __init__(self, message: str, peer: str = "") -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+PROBE_TIMEOUT = 1.0
+"""Seconds ``refuses`` waits for a connection: no answer at all (a cut network) is not a refusal."""
+
+
+async def refuses(address: str) -> bool:
+    """Whether ``address`` (``host:port``) actively refuses a TCP connection: nothing listens there, so the
+    process that served it is gone (the kernel of its host answered for it).  A connection that is accepted, or
+    a timeout, or no route, is not proof of anything."""
+    host, _, port = address.rpartition(":")
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
 
 
 def describe(exc: BaseException) -> str:
@@ -49,8 +79,9 @@ class ClientStream(Generic[_M]):
     stream is reported (``StreamBroken``) rather than silently replaced.
     """
 
-    def __init__(self, channel: grpc.aio.Channel, method: str, label: str) -> None:
+    def __init__(self, channel: grpc.aio.Channel, method: str, label: str, address: str = "") -> None:
         self.label = label
+        self.address = address
         self._open: grpc.aio.StreamUnaryMultiCallable[_M, Message] = channel.stream_unary(
             method, request_serializer=_serialize, response_deserializer=pb.Empty.FromString)
         self._call: grpc.aio.StreamUnaryCall[_M, Message] | None = None
@@ -62,7 +93,7 @@ class ClientStream(Generic[_M]):
         try:
             await call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            raise StreamBroken(f"stream to {self.label} broke ({describe(exc)})") from exc
+            raise StreamBroken(f"stream to {self.label} broke ({describe(exc)})", self.address) from exc
 
     async def close(self) -> None:
         """Half-close and wait for the receiver's reply, so it sees a clean end of the stream."""

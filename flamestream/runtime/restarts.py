@@ -29,8 +29,10 @@ restarted; each restart is written back, for ``flamestream status``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
 import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,6 +44,8 @@ from flamestream.runtime.launcher import NODE, ProcessRecord, health_status, is_
 log = logging.getLogger("flamestream.supervise")
 
 POLL = 0.2
+"""Seconds between looks at the state file and the health probes; a node's death itself wakes the loop at once
+(``_exit_watch``), so a crash is not noticed up to a polling interval late."""
 FIRST_BACKOFF = 0.5
 """Seconds before the second restart in a row (the first is at once)."""
 MAX_BACKOFF = 10.0
@@ -88,6 +92,40 @@ class _Probes:
         return self.answered is not None and now - self.answered >= timeout
 
 
+class _ExitWatch:
+    """Sleeps that end early when a watched process exits: a process file descriptor per pid (Linux 5.3+),
+    readable once the process is gone.  Without ``pidfd_open`` (or for a pid already gone) a plain sleep.
+
+    Why: every recovery starts with the supervisor restarting the dead node, and a fixed 0.2 s poll added
+    0.1 s on average, twice in a row when the survivors restart too (issue #11's recovery target is 2 s).
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}
+
+    def watch(self, pid: int) -> None:
+        if pid in self._fds or not hasattr(os, "pidfd_open"):
+            return
+        with contextlib.suppress(OSError):  # gone already, or no pidfd on this kernel: the next poll sees it
+            self._fds[pid] = os.pidfd_open(pid)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep ``timeout`` seconds or until a watched process exits; forget the ones that did."""
+        if not self._fds:
+            time.sleep(timeout)
+            return
+        ready, _, _ = select.select(list(self._fds.values()), [], [], timeout)
+        for pid, fd in list(self._fds.items()):
+            if fd in ready:
+                os.close(fd)
+                del self._fds[pid]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
 def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
     """Restart the nodes recorded in ``data_dir``'s state file whenever they die — or hang for ``hang_timeout``
     seconds (0: never judged) — until SIGTERM (exit 0) or the state file is gone (the cluster was taken down)."""
@@ -102,6 +140,7 @@ def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
     backoffs: dict[str, _Backoff] = {}
     probes: dict[str, _Probes] = {}
     pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="health")
+    exits = _ExitWatch()
     log.info("supervising the nodes of %s (hang timeout %s)", data_dir,
              f"{hang_timeout:g}s" if hang_timeout > 0 else "off")
     while not stopping:
@@ -115,6 +154,7 @@ def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
             if record.role != NODE:
                 continue
             if is_alive(record.pid, record.started):
+                exits.watch(record.pid)
                 if hang_timeout > 0 and record.address:
                     _kill_if_hung(record, probes, now, hang_timeout, pool, state.tls_dir or None)
                 continue
@@ -142,7 +182,8 @@ def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
                         new = fresh[record.name]
                         record.pid, record.started, record.restarts = new.pid, new.started, new.restarts
                 save_state(data_dir, latest)
-        time.sleep(POLL)
+        exits.wait(POLL)
+    exits.close()
     pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
     return 0

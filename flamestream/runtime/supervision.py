@@ -17,6 +17,10 @@ to come back — the role turning SERVING again (``recovered``) — and then sto
 the node too, naming the peer (issue #11): nothing reopens a broken stream
 (what it carried is unknown), so waiting longer would only leave the role
 NOT_SERVING for good while the cluster's restart-and-recover path stands idle.
+If the peer's address refuses connections, its process is gone and the node
+stops at once: the recovery needs every node of the tick restarted, and
+starting alongside the dead peer halves the time to it (two start-ups in
+parallel instead of one after the other).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 from grpc_health.v1 import health, health_pb2
 
-from flamestream.runtime.hosting import StreamBroken
+from flamestream.runtime.hosting import StreamBroken, refuses
 from flamestream.runtime.logs import role_logger
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -36,6 +40,12 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 STREAM_TIMEOUT = 10.0
 """Default ``--stream-timeout``: seconds a role may stay NOT_SERVING after a stream to a peer broke."""
+
+
+PROBES = 5
+PROBE_INTERVAL = 0.2
+"""A broken stream's peer is probed this many times, this many seconds apart: the kernel closes a killed
+process's sockets one by one, so its listener can still accept just after the stream to it broke."""
 
 
 class Supervisor:
@@ -78,6 +88,32 @@ class Supervisor:
         if isinstance(error, StreamBroken) and not essential and self.stream_timeout > 0 and role not in self._broken:
             self._broken[role] = asyncio.get_running_loop().call_later(
                 self.stream_timeout, self._not_back, role, f"{what}: {error}")
+            self.peer_lost(role, f"{what}: {error}", error)
+
+    def peer_lost(self, role: str, broken: str, error: StreamBroken) -> None:
+        """Stop the node at once if nothing listens at the broken stream's peer any more: that process died, and
+        the stream cannot come back.  Waiting out ``stream_timeout`` would only delay the recovery, which needs
+        this node restarted too; exiting now lets it start alongside the dead peer's restart, not after it."""
+        if error.peer and self.stream_timeout > 0:
+            probe = asyncio.create_task(self._exit_if_gone(role, broken, error.peer))
+            self._health_updates.add(probe)
+            probe.add_done_callback(self._health_updates.discard)
+
+    async def _exit_if_gone(self, role: str, broken: str, peer: str) -> None:
+        gone = False
+        try:
+            for _ in range(PROBES):  # a dying process's listener may still accept for a moment after its streams broke
+                if gone := await refuses(peer):
+                    break
+                await asyncio.sleep(PROBE_INTERVAL)
+        except Exception:
+            role_logger(role).exception("cannot probe %s", peer)
+            return
+        if not gone:
+            role_logger(role).warning("%s still accepts connections: waiting up to %gs for the stream to come back",
+                                      peer, self.stream_timeout)
+        elif not self.stopping:
+            self.fail(role, f"{broken}; {peer} refuses connections: the process there is gone", essential=True)
 
     def _not_back(self, role: str, broken: str) -> None:
         del self._broken[role]

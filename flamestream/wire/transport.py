@@ -9,8 +9,15 @@ from __future__ import annotations
 import grpc
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+RECONNECT_BACKOFF_MS = (100, 1000)
+"""A channel whose connection failed tries again after 0.1 s, backing off to 1 s at most (gRPC's defaults: 1 s
+to 120 s).  Members restart on the address they had, within a second or two; with the defaults a client or peer
+that had tried while it was down reconnected seconds after it was back, which was most of a recovery's time."""
 GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+                ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+                ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1])]
 
 EXCHANGE = "/flamestream.Worker/Exchange"
 DELIVER = "/flamestream.Barrier/Deliver"
