@@ -81,6 +81,13 @@ class RunResult:
     """The merged state each hand-over carried, at its boundary."""
 
 
+def _below(rng: random.Random, n: int) -> int:
+    """A uniform choice in ``range(n)`` from one C-level ``random()`` call: ``Random.choice`` and ``randint`` run
+    several Python-level calls each, a tenth of the whole local runtime's time on word count (bench/local.py).
+    The bias (n / 2**53) does not matter to a scheduler."""
+    return int(rng.random() * n)
+
+
 class LocalRuntime:
     def __init__(self, graph: Graph, workers: int = 1, fronts: int = 1, seed: int = 0, per_ms: int = 1,
                  batch: int = 1, adversarial: bool = False, handovers: Iterable[Handover] = ()) -> None:
@@ -178,13 +185,13 @@ class LocalRuntime:
             candidates += list(inbound.keys() | steps.keys())
             if not candidates:
                 break
-            choice = rng.choice(candidates)
+            choice = candidates[_below(rng, len(candidates))]
             stats.steps += 1
             if isinstance(choice, tuple):
                 front = choice[1]
                 queue = pending[front]
                 inputs: list[tuple[int, Item]] = []
-                for _ in range(min(len(queue), rng.randint(1, self.batch))):
+                for _ in range(min(len(queue), 1 + _below(rng, self.batch))):
                     if not open_front(front):
                         break
                     _f, gt, trace, payload = queue.popleft()
@@ -214,7 +221,7 @@ class LocalRuntime:
                 if len(batches) > 1:
                     entries.sort(key=item_meta if choice < 0 else envelope_meta)
                 if choice >= 0:
-                    pieces = workers[choice].run(entries, 2 ** rng.randint(0, 8))
+                    pieces = workers[choice].run(entries, 1 << _below(rng, 9))
                     advance(choice, next(pieces), pieces, batches)
                 else:
                     for item in entries:
