@@ -38,9 +38,10 @@ from flamestream import roles
 from flamestream.acker.service import STALL_TIMEOUT
 from flamestream.client import Client, ClientError, PushResult, Record
 from flamestream.cluster import ClusterStore
+from flamestream.core.front import Stamped, stamp_inputs
 from flamestream.core.functions import Allowed, FunctionRefError
 from flamestream.core.graph import GraphError
-from flamestream.core.local import LocalRuntime
+from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.oracle import run_oracle
 from flamestream.core.payload import check_payload, decode_payload, encode_payload
 from flamestream.loader import load_graph, read_inputs
@@ -177,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="max events a front injects per step (bursts cause more replays), default 1")
     run.add_argument("--adversarial", action="store_true", help="skew channel speeds to force replays")
     run.add_argument("--oracle", action="store_true", help="run the sequential oracle instead of the runtime")
+    run.add_argument("--redeploy-at", type=int, metavar="N",
+                     help="hand over to a new tick at the global time of the N-th event (0-based), as `deploy` does "
+                          "on a cluster: the state below it carried over (the output is the same)")
+    run.add_argument("--workers-after", type=positive, metavar="M",
+                     help="workers of the tick after --redeploy-at (default: --workers)")
     run.add_argument("--stats", action="store_true", help="print run statistics as JSON on stderr")
     add_allow_module_argument(run)
 
@@ -564,17 +570,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.input} is not valid {exc.encoding} ({exc.reason})") from None
     tune_gc()
     out = sys.stdout
+    stamped = stamp_inputs(events, args.fronts)
+    handovers = _handovers(args, stamped)
     if args.oracle:
-        from flamestream.core.front import stamp_inputs
-
-        released, rejected = run_oracle(graph, stamp_inputs(events, args.fronts))
+        released, rejected = run_oracle(graph, stamped)
         for _gt, payload in released:
             out.write(record_text(payload) + "\n")
         stats: dict[str, Any] = {"released": len(released)}
     else:
         runtime = LocalRuntime(graph, workers=args.workers, fronts=args.fronts, seed=args.seed, batch=args.batch,
-                               adversarial=args.adversarial)
-        result = runtime.run(events)
+                               adversarial=args.adversarial, handovers=handovers)
+        result = runtime.run_stamped(stamped)
         for _gt, _trace, payload in result.output:
             out.write(record_text(payload) + "\n")
         rejected = result.rejected
@@ -585,6 +591,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.stats:
         print(json.dumps({**stats, "rejected": len(rejected)}), file=sys.stderr)
     return 0
+
+
+def _handovers(args: argparse.Namespace, stamped: list[Stamped]) -> list[Handover]:
+    """``run --redeploy-at N [--workers-after M]``: one hand-over at the N-th event's global time."""
+    if args.redeploy_at is None:
+        if args.workers_after is not None:
+            raise UsageError("--workers-after needs --redeploy-at")
+        return []
+    if args.oracle:
+        raise UsageError("--redeploy-at runs the local runtime; the oracle has no ticks")
+    if not 0 <= args.redeploy_at < len(stamped):
+        raise UsageError(f"--redeploy-at {args.redeploy_at}: the input has {len(stamped)} events (0-based index)")
+    return [Handover(stamped[args.redeploy_at][1], args.workers_after or args.workers)]
 
 
 def cmd_up(args: argparse.Namespace) -> int:

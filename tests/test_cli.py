@@ -48,6 +48,19 @@ def test_run_reads_stdin_and_oracle_agrees() -> None:
     assert json.loads(runtime.stdout.splitlines()[-1]) == {"word": "b", "count": 3}
 
 
+def test_run_redeploy_at_hands_the_state_over_and_equals_the_oracle() -> None:
+    """A tick boundary mid-input, 2 -> 3 workers: the counts carry on (a lost state would restart them at 1)."""
+    text = "b a b\nc b a\nb c\na a b\n"
+    oracle = flamestream("run", "examples/wordcount.py", "--input", "-", "--oracle", stdin=text)
+    for at in ("1", "2", "3"):
+        runtime = flamestream("run", "examples/wordcount.py", "--input", "-", "--workers", "2", "--adversarial",
+                              "--redeploy-at", at, "--workers-after", "3", "--stats", stdin=text)
+        assert runtime.returncode == 0, runtime.stderr
+        assert sorted(runtime.stdout.splitlines()) == sorted(oracle.stdout.splitlines())
+        assert json.loads(runtime.stdout.splitlines()[-1]) != {"word": "b", "count": 1}
+    assert {"word": "b", "count": 5} in [json.loads(line) for line in oracle.stdout.splitlines()]
+
+
 def test_bad_invocations_exit_2_with_a_message(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("from flamestream import Graph\ndef graph():\n    g = Graph('x')\n    g.source()\n    return g\n")
@@ -56,6 +69,9 @@ def test_bad_invocations_exit_2_with_a_message(tmp_path: Path) -> None:
         ("run", "examples/wordcount.py", "--input", str(tmp_path / "nope.txt")): "No such file",
         ("run", "examples/wordcount.py", "--input", "x", "--workers", "0"): "must be >= 1",
         ("run", str(broken), "--input", "x"): "a graph needs at least one sink",
+        ("run", "examples/wordcount.py", "--input", "-", "--redeploy-at", "2"): "the input has 0 events",
+        ("run", "examples/wordcount.py", "--input", "-", "--workers-after", "2"): "--workers-after needs --redeploy-at",
+        ("run", "examples/wordcount.py", "--input", "-", "--oracle", "--redeploy-at", "0"): "the oracle has no ticks",
         ("frobnicate",): "invalid choice",
     }
     for args, message in cases.items():
