@@ -40,6 +40,10 @@ class ProducerTable:
         times = self._times.get(producer)
         return None if times is None else times.get(sequence)
 
+    def lasts(self) -> dict[str, tuple[int, GlobalTime]]:
+        """Producer -> (last sequence, its global time): what a restarted front must know of every producer."""
+        return {producer: (last, self._times[producer][last]) for producer, last in self._last.items()}
+
     def admit(self, producer: str, sequence: int, gt: GlobalTime) -> None:
         if sequence <= self.last(producer):
             raise ValueError(f"producer {producer!r}: sequence {sequence} is not above {self.last(producer)}")

@@ -30,7 +30,15 @@ from flamestream.runtime import hosting
 from flamestream.runtime.channels import Channels, LocalEndpoints, Stream
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
-from flamestream.storage.input_log import Truncation, decode_record, encode_record, front_log_dir, plan_truncation
+from flamestream.storage.input_log import (
+    Truncation,
+    decode_record,
+    encode_record,
+    front_log_dir,
+    plan_truncation,
+    read_checkpoint,
+    write_checkpoint,
+)
 from flamestream.storage.log import LogError, SegmentedLog, disk_full
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
@@ -111,15 +119,23 @@ def _open_input_log(directory: Path, segment_bytes: int = SEGMENT_BYTES) -> tupl
 
     After retention, the replay starts where the log does, from what the truncation marker remembers of the
     deleted records: without it, a retry of an event whose record is gone would be admitted a second time.
+    With a checkpoint (``checkpoint_producers``), it starts at the checkpoint's offset instead.
     """
     log = SegmentedLog(directory, segment_bytes)
     try:
         producers = ProducerTable()
-        gone = Truncation.of(log.start_offset, log.start_meta)
-        for producer, (sequence, gt) in gone.producers.items():
+        known = Truncation.of(log.start_offset, log.start_meta)
+        checkpoint = read_checkpoint(directory)
+        if checkpoint is not None and log.start_offset <= checkpoint.start <= log.end_offset:
+            known = checkpoint  # taken from the live table, which held the marker's producers too
+        elif checkpoint is not None:
+            role_logger(directory.name.replace("-", "")).warning(
+                "%s: ignoring a checkpoint at offset %d outside the log (%d..%d); reading it all", directory,
+                checkpoint.start, log.start_offset, log.end_offset)
+        for producer, (sequence, gt) in known.producers.items():
             producers.admit(producer, sequence, gt)
-        last_ts = gone.last_ts
-        for offset, data in log.scan(log.start_offset):
+        last_ts = known.last_ts
+        for offset, data in log.scan(known.start):
             try:
                 record = decode_record(data)
                 last_ts = max(last_ts, record["ts"])
@@ -132,6 +148,9 @@ def _open_input_log(directory: Path, segment_bytes: int = SEGMENT_BYTES) -> tupl
         raise
     return log, producers, last_ts
 
+
+CHECKPOINT_EVERY = 1.0
+"""Seconds between checkpoints of the producer table (``checkpoint_producers``)."""
 
 RETENTION_EVERY = 1.0
 """Seconds between looks at ZooKeeper for the oldest retained complete snapshot (input-log retention)."""
@@ -215,6 +234,8 @@ class FrontService(rpc.FrontServicer):
         self.failure = ""
         self._log = log
         self._producers = producers
+        self._logged_ts = last_ts
+        """The highest timestamp in the log (what a checkpoint records)."""
         self._clock = FrontClock(front_id)
         if last_ts >= 0:
             # A restarted front must not reuse a (ts, seq) it already logged, even if the wall clock went back.
@@ -657,6 +678,31 @@ class FrontService(rpc.FrontServicer):
         for event in admitted:
             if event.producer:
                 self._producers.admit(event.producer, event.sequence, event.gt)
+        if admitted:
+            self._logged_ts = max(self._logged_ts, admitted[-1].gt.ts)
+
+    async def checkpoint_producers(self) -> None:
+        """Every ``CHECKPOINT_EVERY`` s that the log grew, record the producer table and the highest logged
+        timestamp at the log's end (``write_checkpoint``), so a restart reads back only what came after.
+
+        Taken under the lock pushes hold across append and commit, so every record below the offset is in the
+        table; written outside it.  A failure is logged and retried: an old checkpoint only means reading more.
+        """
+        written = -1
+        while True:
+            await asyncio.sleep(CHECKPOINT_EVERY)
+            async with self._lock:
+                offset = self._log.end_offset
+                if offset == written:
+                    continue
+                state = Truncation(start=offset, last_ts=self._logged_ts, producers=self._producers.lasts())
+            try:
+                await asyncio.to_thread(write_checkpoint, self._log.directory, state)
+            except OSError:
+                self.logger.warning("cannot write the input log's checkpoint; a restart reads more of the log",
+                                    exc_info=True)
+                continue
+            written = offset
 
     # -- reports -----------------------------------------------------------------
 
@@ -798,6 +844,7 @@ class FrontRole:
             supervisor.spawn(self.name, "input-log retention", self.service.retain_input(self.service.lease.store))
             supervisor.spawn(self.name, "memory pressure", self.service.watch_pressure(self.service.lease.store),
                              finite=True)
+        supervisor.spawn(self.name, "input-log checkpoints", self.service.checkpoint_producers())
         supervisor.spawn(self.name, "input log", self._watch_log(), essential=True)
 
     async def _watch_log(self) -> None:

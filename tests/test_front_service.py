@@ -34,6 +34,7 @@ from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.fronts.producers import ProducerTable
+from flamestream.storage.input_log import front_log_dir, read_checkpoint
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
@@ -426,6 +427,31 @@ def test_retries_are_admitted_once_also_across_a_restart(zookeeper: str, cluster
             await eventually(lambda: sum(len(w.envelopes()) for w in cluster.workers) == 6, "the admitted events")
             assert sorted(e[2][0] for w in cluster.workers for e in w.envelopes()) == ["a", "b", "c", "d", "e", "x"]
             await eventually(lambda: not cluster.balance(), "acks to cancel")
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_front_deduplicates_from_its_checkpoint(zookeeper: str, cluster_name: str,
+                                                            tmp_path: Path) -> None:
+    """The front checkpoints its producer table at the log's end; a restart reads no record after it, so the
+    retry below is refused (with its original time) only if the checkpoint holds the producer right."""
+    async def scenario() -> None:
+        async with stand_ins() as cluster:
+            await publish(zookeeper, cluster_name, cluster.tick(routed_graph(), 0))
+            directory = front_log_dir(tmp_path, FRONT)
+
+            def checkpointed() -> bool:
+                checkpoint = read_checkpoint(directory)
+                return checkpoint is not None and checkpoint.start == 2
+
+            async with front(zookeeper, cluster_name, tmp_path) as (_, stub):
+                first = times(await push_once_deployed(stub, [event("a", "p", 1), event("b", "p", 2)]))
+                await eventually(checkpointed, "the checkpoint at the log's end")
+            async with front(zookeeper, cluster_name, tmp_path) as (_, stub):
+                await publish(zookeeper, cluster_name, cluster.tick(routed_graph(), 0))  # see the test above
+                again = await push_once_deployed(stub, [event("b", "p", 2), event("c", "p", 3)])
+                assert list(again.admitted) == [False, True]
+                assert times(again)[0] == first[1] and times(again)[1] > first[1]
 
     asyncio.run(scenario())
 

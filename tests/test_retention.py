@@ -35,13 +35,17 @@ from flamestream.core.worker import WorkerState, merge_states
 from flamestream.fronts.service import _open_input_log
 from flamestream.runtime.channels import LocalEndpoints
 from flamestream.storage.input_log import (
+    Truncation,
     check_covers,
+    checkpoint_path,
     encode_record,
     front_log_dir,
     plan_truncation,
+    read_checkpoint,
     read_input_logs,
     read_input_range,
     truncation,
+    write_checkpoint,
 )
 from flamestream.storage.log import LogError, SegmentedLog
 from flamestream.storage.snapshots import read_snapshot, snapshot_path, write_snapshot
@@ -139,6 +143,35 @@ def test_a_producer_seen_only_in_deleted_records_is_still_deduplicated(tmp_path:
     reopened.close()
     assert producers.last("gone") == 9 and producers.time_of("gone", 9) == GlobalTime(9, 0)
     assert producers.last("kept") == 19 and last_ts == 19
+
+
+def test_a_restart_reads_the_log_only_after_its_checkpoint(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The checkpoint stands for every record below its offset: a record there that is no front record is not
+    even read (a full read refuses it), and the table equals the full read's.  A checkpoint outside the log is
+    ignored, with a warning, and the whole log is read."""
+    directory = front_log_dir(tmp_path, 0)
+    with SegmentedLog(directory, fsync=False) as log:
+        log.append(b'{"not": "a front record"}')
+        for i in range(1, 20):
+            log.append(encode_record(GlobalTime(100 + i, 0), 0, f"event {i}", "p" if i % 2 else "q", i))
+    with pytest.raises(LogError, match="record 0 is not a front record"):
+        _open_input_log(directory)
+    write_checkpoint(directory, Truncation(start=1, last_ts=100, producers={"q": (0, GlobalTime(100, 0))}))
+    reopened, producers, last_ts = _open_input_log(directory)
+    reopened.close()
+    assert producers.lasts() == {"p": (19, GlobalTime(119, 0)), "q": (18, GlobalTime(118, 0))} and last_ts == 119
+    write_checkpoint(directory, Truncation(start=20, last_ts=119, producers=producers.lasts()))
+    reopened, from_end, last_ts = _open_input_log(directory)
+    reopened.close()
+    assert from_end.lasts() == producers.lasts() and last_ts == 119
+    assert read_checkpoint(directory) == Truncation(start=20, last_ts=119, producers=producers.lasts())
+    write_checkpoint(directory, Truncation(start=21, last_ts=119))
+    with caplog.at_level(logging.WARNING), pytest.raises(LogError, match="record 0 is not a front record"):
+        _open_input_log(directory)
+    assert "ignoring a checkpoint at offset 21 outside the log (0..20)" in caplog.text
+    checkpoint_path(directory).write_text("{")
+    with pytest.raises(LogError, match="is not a front's checkpoint"):
+        read_checkpoint(directory)
 
 
 # -- who may still read a truncated log ------------------------------------------------------------------------

@@ -20,11 +20,14 @@ whose record is gone is still recognised as a retry instead of admitted twice.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from flamestream.core.front import Stamped
 from flamestream.core.meta import GlobalTime
@@ -37,7 +40,13 @@ def encode_record(gt: GlobalTime, seq: int, payload: Any, producer: str = "", se
 
 
 def decode_record(data: bytes) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads(data)
+    """One record of the log.  orjson first: a restarted front reads its whole log back before it serves (the
+    producers' sequences), and orjson reads it several times faster than ``json``; ``json`` for what only it
+    reads — integers beyond 64 bits, and the NaN/Infinity older fronts wrote."""
+    try:
+        record: dict[str, Any] = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        record = json.loads(data)
     return record
 
 
@@ -100,6 +109,41 @@ class Truncation:
         if self.start == 0:
             return True
         return start is not None and self.last is not None and self.last < start
+
+
+def checkpoint_path(directory: Path) -> Path:
+    """Where a front keeps the checkpoint of its log (``write_checkpoint``): beside the log's directory."""
+    return directory.parent / f"{directory.name}.checkpoint.json"
+
+
+def write_checkpoint(directory: Path, state: Truncation) -> None:
+    """Durably record what the records of the log at ``directory`` below ``state.start`` leave behind: each
+    producer's last sequence and the highest timestamp (written, fsynced, renamed; a crash leaves the old file
+    or the new one).
+
+    Why: a restarted front rebuilds its producer table before it serves, and reading the whole log back for
+    that made every recovery as slow as the log was long (5 s for 300k events on the chaos bench, most of a
+    recovery).  From a checkpoint it reads only the records after it.  Same format as the truncation marker's
+    meta (``Truncation``), which holds the same facts about the records retention deleted.
+    """
+    path = checkpoint_path(directory)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps({"offset": state.start, "meta": state.meta()}))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_checkpoint(directory: Path) -> Truncation | None:
+    """The checkpoint ``write_checkpoint`` left, or None if there is none; LogError if it is not one."""
+    try:
+        data = orjson.loads(checkpoint_path(directory).read_bytes())
+        return Truncation.of(int(data["offset"]), data["meta"])
+    except FileNotFoundError:
+        return None
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise LogError(f"{checkpoint_path(directory)} is not a front's checkpoint: {exc!r}") from exc
 
 
 def truncation(directory: Path) -> Truncation:
