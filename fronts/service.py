@@ -397,29 +397,40 @@ class FrontService(rpc.FrontServicer):
         return outcome
 
     async def _push(self, request: pb.PushRequest) -> pb.PushResponse | _Rejected:
-        async with self._lock:
-            try:
-                if self.failed.is_set():
-                    raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"front is stopping: {self.failure}")
+        deadline = time.monotonic() + LEASE_WAIT
+        while True:
+            # The lease is waited for without the lock: its renewal deploys the ticks it finds, which takes the
+            # lock, so a push waiting under it (a restarted front's first) held its own renewal up for LEASE_WAIT.
+            if self.lease is not None and not await self.lease.covering(self._clock.next_ts(_now_ms()),
+                                                                        max(0.0, deadline - time.monotonic())):
+                return _Rejected(grpc.StatusCode.UNAVAILABLE, f"the front's stamping lease in ZooKeeper ends at "
+                                 f"{self.lease.until} and was not renewed within {LEASE_WAIT:g}s")
+            async with self._lock:
                 now = _now_ms()
-                ts = self._clock.next_ts(now)
-                if self.lease is not None and not await self.lease.covering(ts, LEASE_WAIT):
-                    raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"the front's stamping lease in ZooKeeper ends at "
-                                    f"{self.lease.until}, before {ts}, and was not renewed within {LEASE_WAIT:g}s")
-                route = await self._switch_if_due(ts)
-                if route is None:
-                    raise _Rejected(grpc.StatusCode.FAILED_PRECONDITION, self._refusal)
-                if route.broken is not None:
-                    raise _Rejected(grpc.StatusCode.UNAVAILABLE, route.broken)
-                self._check_credit(len(request.events))  # again under the lock: concurrent pushes took credit
-                self._check_producers(request.events)
-                checked = self._validate(request.events, route)
-                response, fresh = self._stamp(request.events, checked, now)
-                if fresh:
-                    await self._admit(route, fresh)
-                return response
-            except _Rejected as rejected:
-                return rejected
+                if self.lease is None or self._clock.next_ts(now) < self.lease.until:
+                    return await self._push_locked(request, now)
+            # The clock passed the lease while this push waited for the lock: wait for the next renewal.
+
+    async def _push_locked(self, request: pb.PushRequest, now: int) -> pb.PushResponse | _Rejected:
+        """The push, under the lock and within the stamping lease."""
+        try:
+            if self.failed.is_set():
+                raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"front is stopping: {self.failure}")
+            ts = self._clock.next_ts(now)
+            route = await self._switch_if_due(ts)
+            if route is None:
+                raise _Rejected(grpc.StatusCode.FAILED_PRECONDITION, self._refusal)
+            if route.broken is not None:
+                raise _Rejected(grpc.StatusCode.UNAVAILABLE, route.broken)
+            self._check_credit(len(request.events))  # again under the lock: concurrent pushes took credit
+            self._check_producers(request.events)
+            checked = self._validate(request.events, route)
+            response, fresh = self._stamp(request.events, checked, now)
+            if fresh:
+                await self._admit(route, fresh)
+            return response
+        except _Rejected as rejected:
+            return rejected
 
     # -- per-push budget and credit ----------------------------------------------
 
