@@ -124,7 +124,7 @@ def main() -> None:
         snapshot_bytes, snapshot_files = usage(data / "snapshots")
         topic_bytes, _ = usage(data / "topic")
         snapshot_dirs = [p.name for p in (data / "snapshots").glob("*") if p.is_dir()]
-        logs = {p.name: log_state(p) for p in sorted((data / "input").glob("front-*"))}
+        logs = {p.name: log_state(p) for p in sorted((data / "input").glob("front-*")) if p.is_dir()}
         print(json.dumps({
             "duration_s": round(pushed_s, 1), "rate_pages_per_s": args.rate, "pages": pages,
             "snapshot_interval_ms": 1000, "snapshot_retention": 2, "segment_bytes": args.segment_bytes,
