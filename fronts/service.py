@@ -163,23 +163,29 @@ PROMISE_STEP_MS = 1000
 
 
 RESEND_BATCH = 1000
-"""Events per batch when a recovery sends the logged events again."""
+"""Events per batch when a recovery sends the logged events again, at most ..."""
+RESEND_BYTES = 256 * 1024
+"""... and about this many bytes of logged records per batch: a thousand pages of the inverted index were one
+batch of ~300k postings, which kept a worker's step (and its node's event loop) busy for over 10 s under load,
+so the supervisor took the node for hung and the next recovery started from the same snapshot with more."""
 
 RESEND_WINDOW = 2
 """Re-sent batches in flight at once: the next waits until the min time passed the one this many before it."""
 
 
-def _logged_since(log: SegmentedLog, start: GlobalTime) -> list[tuple[GlobalTime, Trace, Any]]:
-    """The logged events stamped at or after ``start``, in log (= stamp) order: read from the end backwards,
-    since a recovery starts at a recent snapshot."""
+def _logged_since(log: SegmentedLog, start: GlobalTime) -> tuple[list[tuple[GlobalTime, Trace, Any]], int]:
+    """The logged events stamped at or after ``start``, in log (= stamp) order, and their records' bytes: read
+    from the end backwards, since a recovery starts at a recent snapshot."""
     found: list[tuple[GlobalTime, Trace, Any]] = []
+    size = 0
     for _offset, data in log.scan_backwards(chunk=RESEND_BATCH):
         record = decode_record(data)
         gt = GlobalTime(record["ts"], record["front"])
         if gt < start:
             break
         found.append((gt, (record["seq"],), record["payload"]))
-    return found[::-1]
+        size += len(data)
+    return found[::-1], size
 
 
 def _whole_milliseconds(events: list[tuple[GlobalTime, Trace, Any]],
@@ -341,8 +347,8 @@ class FrontService(rpc.FrontServicer):
         the lock on its own); their items wait behind the re-sent ones, since
         no report passes ``route.resend_floor``.
         """
-        events = await asyncio.to_thread(_logged_since, self._log, start)
-        chunks = _whole_milliseconds(events, RESEND_BATCH)
+        events, size = await asyncio.to_thread(_logged_since, self._log, start)
+        chunks = _whole_milliseconds(events, max(1, min(RESEND_BATCH, RESEND_BYTES * len(events) // max(size, 1))))
         sent: deque[GlobalTime] = deque()
         for number, chunk in enumerate(chunks):
             while len(sent) >= RESEND_WINDOW:

@@ -605,6 +605,9 @@ class WorkerService(rpc.WorkerServicer):
             for worker, outs in remote.items():
                 await self._send(deployment, tick.workers[worker], transport.EXCHANGE, outs, envelope_time, acks)
             await self._to_barriers(deployment, to_barrier, acks)
+            # A piece's sends may all be in-process and never suspend: let the node's other roles and its health
+            # check run between pieces, or a big step (a recovery's backlog) looks like a hung node.
+            await asyncio.sleep(0)
         await deployment.streams.write(tick.acker, transport.ACK, pb.AckBatch(acks=codec.ack_messages(acks)))
 
     async def _send(self, deployment: _Deployment, address: str, method: str, entries: list[Any],
