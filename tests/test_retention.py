@@ -375,7 +375,7 @@ class Mirror(threading.Thread):
         self.stop = threading.Event()
 
     def sweep(self) -> None:
-        for front in self.source.glob("front-*"):
+        for front in (path for path in self.source.glob("front-*") if path.is_dir()):
             (self.target / front.name).mkdir(parents=True, exist_ok=True)
             for path in front.iterdir():
                 copy = self.target / front.name / path.name
