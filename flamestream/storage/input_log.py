@@ -20,7 +20,6 @@ whose record is gone is still recognised as a retry instead of admitted twice.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -31,7 +30,7 @@ import orjson
 
 from flamestream.core.front import Stamped
 from flamestream.core.meta import GlobalTime
-from flamestream.storage.log import LogError, SegmentedLog, read_start
+from flamestream.storage.log import LogError, SegmentedLog, read_start, write_durably
 
 
 def encode_record(gt: GlobalTime, seq: int, payload: Any, producer: str = "", sequence: int = 0) -> bytes:
@@ -118,21 +117,15 @@ def checkpoint_path(directory: Path) -> Path:
 
 def write_checkpoint(directory: Path, state: Truncation) -> None:
     """Durably record what the records of the log at ``directory`` below ``state.start`` leave behind: each
-    producer's last sequence and the highest timestamp (written, fsynced, renamed; a crash leaves the old file
-    or the new one).
+    producer's last sequence and the highest timestamp (``write_durably``: a crash leaves the old file or the new
+    one).
 
     Why: a restarted front rebuilds its producer table before it serves, and reading the whole log back for
     that made every recovery as slow as the log was long (5 s for 300k events on the chaos bench, most of a
     recovery).  From a checkpoint it reads only the records after it.  Same format as the truncation marker's
     meta (``Truncation``), which holds the same facts about the records retention deleted.
     """
-    path = checkpoint_path(directory)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps({"offset": state.start, "meta": state.meta()}))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_durably(checkpoint_path(directory), orjson.dumps({"offset": state.start, "meta": state.meta()}))
 
 
 def read_checkpoint(directory: Path) -> Truncation | None:

@@ -136,6 +136,19 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def write_durably(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` or the old file there, whatever crashes when: a temporary name, fsync, rename,
+    then the directory fsynced so the rename itself survives a power cut (snapshots, a front's checkpoint)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
 def _frame(record: bytes) -> bytes:
     size = len(record)
     if size == 0:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 from flamestream.core import values
 from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.worker import WorkerState
+from flamestream.storage.log import write_durably
 
 MAGIC = b"flamestream-snapshot\n"
 VERSION = 2
@@ -108,7 +108,7 @@ class SnapshotImage:
         fields: dict[str, Any] = {"version": VERSION, "boundary": list(boundary), "worker": worker, "tick": tick,
                                   "keys": keys, "items": items, "body_bytes": len(body)}
         fields["sha256"] = _checksum(fields, body)
-        _write_durably(path, MAGIC + json.dumps(fields).encode() + b"\n" + body)
+        write_durably(path, MAGIC + json.dumps(fields).encode() + b"\n" + body)
         return SnapshotInfo(boundary=boundary, worker=worker, tick=tick, keys=keys, items=items,
                             body_bytes=len(body), sha256=fields["sha256"])
 
@@ -138,23 +138,6 @@ def write_snapshot(path: Path, state: WorkerState, *, boundary: GlobalTime, work
     image = SnapshotImage()
     image.update(state)
     return image.write(path, boundary=boundary, worker=worker, tick=tick)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """``data`` at ``path`` or the old file there, whatever crashes when: a temporary name, fsync, rename,
-    then the directory fsynced so the rename itself survives a power cut."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def read_snapshot(path: Path) -> tuple[SnapshotInfo, WorkerState]:
