@@ -511,8 +511,9 @@ class _Launcher:
             for record in nodes:
                 self.check_running(record)
                 info = [registered[role].get(name, {}) for role, name in record.members]
-                # Members left over from another run carry another node's name: wait for ours.
-                if any(entry.get("node") != record.name for entry in info):
+                # Members left over from another run carry another node's name, and those of this node's dead
+                # predecessor (killed within the session timeout) another pid: wait for this process's own.
+                if any(entry.get("node") != record.name or entry.get("pid") != record.pid for entry in info):
                     missing.append(record)
                 else:
                     record.address = str(info[0]["address"])

@@ -216,7 +216,10 @@ class Node:
 
         deadline = time.monotonic() + self.store.timeout + 5
         for role in self.roles:
-            info = {"address": self.local.address, **identity, **role.info(), ADVERTISED: self._advertised()}
+            # The pid tells this incarnation's members from a dead one's that still match ``identity``
+            # (the launcher waits for the process it started, not for its predecessor's address).
+            info = {"address": self.local.address, **identity, **role.info(), ADVERTISED: self._advertised(),
+                    "pid": os.getpid()}
             if self.recovering is not None:
                 info[recovery.RECOVERING] = self.recovering
             while True:
