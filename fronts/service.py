@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ from flamestream.storage.input_log import (
     read_checkpoint,
     write_checkpoint,
 )
-from flamestream.storage.log import LogError, SegmentedLog, disk_full
+from flamestream.storage.log import LogError, SegmentedLog, disk_full, write_durably
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
@@ -205,16 +204,6 @@ def _read_promise(path: Path) -> int:
         return int(path.read_text())
     except FileNotFoundError:
         return 0
-
-
-def _write_promise(path: Path, ts: int) -> None:
-    """Durably replace the promise file (write, fsync, rename) so a crash leaves the old or the new bound."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(str(ts))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class FrontService(rpc.FrontServicer):
@@ -755,7 +744,8 @@ class FrontService(rpc.FrontServicer):
         ts = self._clock.report(_now_ms())
         if ts > self._promised:  # persist ahead, in steps, before promising past the persisted bound
             try:
-                await asyncio.to_thread(_write_promise, self._promise_file, ts + PROMISE_STEP_MS)
+                # Durably replaced: a crash leaves the old or the new bound, never a torn one.
+                await asyncio.to_thread(write_durably, self._promise_file, str(ts + PROMISE_STEP_MS).encode())
                 self._promised, self._report_owed = ts + PROMISE_STEP_MS, False
             except OSError as exc:
                 # Disk full: promise only the persisted bound, and keep trying (the clock now counts as
