@@ -59,7 +59,9 @@ class Supervisor:
         """Set when an essential task failed: the node stops and exits non-zero."""
         self.stopping = False
         self._tasks: dict[asyncio.Task[Any], tuple[str, str, bool, bool]] = {}
-        self._health_updates: set[asyncio.Task[None]] = set()
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        """Health updates and peer probes started from synchronous callbacks: held so they are not collected
+        mid-way (the loop keeps only weak references), awaited at ``stop``."""
         self._broken: dict[str, asyncio.TimerHandle] = {}
         """Role -> the timer that stops the node unless the role recovers from its broken stream first."""
 
@@ -96,8 +98,8 @@ class Supervisor:
         this node restarted too; exiting now lets it start alongside the dead peer's restart, not after it."""
         if error.peer and self.stream_timeout > 0:
             probe = asyncio.create_task(self._exit_if_gone(role, broken, error.peer))
-            self._health_updates.add(probe)
-            probe.add_done_callback(self._health_updates.discard)
+            self._side_tasks.add(probe)
+            probe.add_done_callback(self._side_tasks.discard)
 
     async def _exit_if_gone(self, role: str, broken: str, peer: str) -> None:
         gone = False
@@ -128,8 +130,8 @@ class Supervisor:
         self.failures.setdefault(role, f"{reason}: {error!r}" if error is not None else reason)
         for service in (role, ""):
             update = asyncio.create_task(self.health.set(service, NOT_SERVING))
-            self._health_updates.add(update)
-            update.add_done_callback(self._health_updates.discard)
+            self._side_tasks.add(update)
+            update.add_done_callback(self._side_tasks.discard)
         if essential:
             self.fatal.set()
 
@@ -157,4 +159,4 @@ class Supervisor:
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, *self._health_updates, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._side_tasks, return_exceptions=True)
