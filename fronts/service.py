@@ -357,6 +357,10 @@ class FrontService(rpc.FrontServicer):
                 route.resend_floor = chunks[number + 1][0][0].ts if number + 1 < len(chunks) else None
                 await self._report(route)
             sent.append(chunk[-1][0])
+        if not chunks:  # nothing after the snapshot: the floor goes now, or no report would ever pass it again
+            async with self._lock:
+                route.resend_floor = None
+                await self._report(route)
         self.logger.info("recovery: sent the %d logged events from %s on again", len(events), start)
 
     async def _switch_if_due(self, ts: int) -> _Route | None:

@@ -571,6 +571,32 @@ def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluste
     asyncio.run(scenario())
 
 
+@slow
+def test_a_recovery_with_nothing_to_send_again_lets_reports_pass_its_start(zookeeper: str, cluster_name: str,
+                                                                           tmp_path: Path) -> None:
+    """The last complete snapshot may lie after every logged event: then the re-send has nothing to send, and it
+    must still lift its floor, or no report passes the recovery's start and the min time stays there for good
+    (nothing pushed after such a recovery was ever released: once a flake of test_recovery's second kill)."""
+    async def scenario() -> None:
+        log = tmp_path / "front.log"
+        logged = ("--log-file", str(log))
+        async with stand_ins() as cluster, front(zookeeper, cluster_name, tmp_path, *logged) as (_, stub):
+            tick = Tick.from_dict(cluster.tick(routed_graph(), now_ms()))
+            await publish(zookeeper, cluster_name, tick.to_dict())
+            (before,) = times(await push_once_deployed(stub, [event("before")]))
+            recovery = dataclasses.replace(tick, number=1, previous=0, recovery=True,
+                                           start=GlobalTime(before.ts + 1, 0))
+            await publish(zookeeper, cluster_name, recovery.to_dict())
+            # The re-send is over before the next push (which it would otherwise send, lifting the floor itself).
+            await eventually(lambda: "recovery: sent the 0 logged events" in log.read_text(), "the empty re-send")
+            (after,) = times(await push(stub, [event("after")]))
+            assert after > recovery.start
+            await eventually(lambda: len(cluster.acker.streams) == 2 and max(cluster.acker.streams[1]) > after.ts,
+                             "a report past the push after the recovery")
+
+    asyncio.run(scenario())
+
+
 def test_producer_table_remembers_recent_times_only() -> None:
     table = ProducerTable(remember=3)
     for sequence in range(1, 6):
