@@ -8,6 +8,7 @@ the same name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,12 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from flamestream.client import Client
 from flamestream.cluster import ClusterStore
 from flamestream.coordinator.zookeeper import ZooKeeperServer
 from flamestream.runtime import launcher
+from flamestream.runtime.launcher import child_env
+from flamestream.runtime.spares import Spare
 from tests.test_cluster_e2e import cli
 from tests.test_nodes import eventually, health
 
@@ -132,3 +136,53 @@ def test_a_tick_that_cannot_be_loaded_is_reported_and_a_good_deploy_recovers(clu
     eventually(lambda: health(node1["address"], "", state["tls_dir"]) == "SERVING",
                "node1 to serve again after a good deploy")
     assert _counts(zookeeper, cluster_name, ["p q p"], "g", 3) == [("p", 1), ("p", 2), ("q", 1)]
+
+
+def _spares(supervisor: int) -> dict[int, str]:
+    """pid -> command line of the supervisor's warm spares."""
+    spares = {}
+    for child in psutil.Process(supervisor).children():
+        with contextlib.suppress(psutil.Error):
+            if "flamestream.runtime.spares" in child.cmdline():
+                spares[child.pid] = " ".join(child.cmdline())
+    return spares
+
+
+def test_a_restart_is_a_warm_spare_that_becomes_the_node(cluster_dir: Path, zookeeper: str,
+                                                          cluster_name: str) -> None:
+    """The supervisor keeps a spare per node (``flamestream.runtime.spares``); a killed node's restart is its
+    spare, with the node's command line and output file, and the cluster recovers exactly; ``down`` leaves no
+    spare behind."""
+    state = _up(cluster_dir, zookeeper, cluster_name)
+    assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper, "--cluster", cluster_name).returncode == 0
+    assert _counts(zookeeper, cluster_name, ["a"], "g", 1) == [("a", 1)]
+    supervisor = _node(state, "supervisor")["pid"]
+    spares = eventually(lambda: (found := _spares(supervisor)) and len(found) == 2 and found, "a spare per node")
+    os.kill(_node(state, "node1")["pid"], signal.SIGKILL)
+    eventually(lambda: _node(json.loads((cluster_dir / "cluster.json").read_text()), "node1")["restarts"] == 1,
+               "node1's restart")
+    node1 = _node(json.loads((cluster_dir / "cluster.json").read_text()), "node1")
+    assert node1["pid"] in spares
+    assert psutil.Process(node1["pid"]).cmdline()[1:] == ["-m", "flamestream.runtime.spares"]  # what it was started as
+    assert "a warm spare" in (cluster_dir / "logs" / "supervisor.out").read_text()
+    assert _counts(zookeeper, cluster_name, ["a"], "g", 2) == [("a", 1), ("a", 2)]  # recovered, exactly
+    assert health(node1["address"], "worker1", state["tls_dir"]) == "SERVING"
+    remaining = list(_spares(supervisor))
+    _down(cluster_dir)
+    for pid in remaining:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).wait(10)  # raises TimeoutExpired if a spare outlives its supervisor
+
+
+def test_a_spare_runs_the_command_it_is_handed_and_a_dead_one_is_refused(tmp_path: Path) -> None:
+    dead = Spare.start(tmp_path, child_env())
+    dead.process.kill()
+    dead.process.wait()
+    assert not dead.become(["-m", "flamestream", "--help"], str(tmp_path / "dead.out"), tmp_path)
+
+    spare = Spare.start(tmp_path, child_env())
+    work = tmp_path / "work"
+    work.mkdir()
+    assert spare.become(["-m", "flamestream", "status", "--data-dir", "here"], str(tmp_path / "spare.out"), work)
+    assert spare.process.wait(60) != 0  # no cluster in work/here: status says so, on the output it was handed
+    assert f"no cluster is recorded in {work / 'here'}" in (tmp_path / "spare.out").read_text()

@@ -37,6 +37,7 @@ from grpc_health.v1 import health_pb2
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore, placement, zookeeper_serving
 from flamestream.runtime import tls
+from flamestream.runtime.spares import Spare
 from flamestream.wire.security import Credentials
 
 ZOOKEEPER = "zookeeper"
@@ -388,7 +389,7 @@ def log_tail(path: str | Path, lines: int = 20) -> str:
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:]) or "(empty log)"
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The services' environment: unbuffered output, so their logs are current."""
     return dict(os.environ, PYTHONUNBUFFERED="1")
 
@@ -417,6 +418,8 @@ class UpOptions:
     insecure (``up --insecure``; the launcher's own default, which ``up``'s is not)."""
     supervise: bool = True
     """Leave a supervisor running that restarts crashed nodes (``flamestream.runtime.restarts``)."""
+    spares: bool = True
+    """The supervisor keeps a warm spare per node (``flamestream.runtime.spares``)."""
     hang_timeout: float | None = None
     """The supervisor's ``--hang-timeout`` (None: its default)."""
     stall_timeout: float | None = None
@@ -434,7 +437,7 @@ class _Launcher:
         self.state = state
         self.popen: dict[str, subprocess.Popen[bytes]] = {}
         self.log_start: dict[str, int] = {}
-        self.env = _child_env()
+        self.env = child_env()
 
     def spawn(self, role: str, name: str, args: list[str], log: Path | None = None) -> ProcessRecord:
         """Start ``args``; its stdout and stderr go to ``DIR/logs/<name>.out``, which is also its log unless it
@@ -599,8 +602,9 @@ def start_cluster(options: UpOptions) -> ClusterState:
         launcher.wait_serving(deadline, nodes)
         if options.supervise:
             hang = [] if options.hang_timeout is None else ["--hang-timeout", f"{options.hang_timeout:g}"]
+            spares = [] if options.spares else ["--no-spares"]
             launcher.spawn(SUPERVISOR, SUPERVISOR, ["-m", "flamestream", "supervise", "--data-dir", str(data_dir),
-                                                    *hang])
+                                                    *hang, *spares])
     except BaseException:
         with contextlib.suppress(StopError):
             stop_cluster(state)
@@ -658,9 +662,13 @@ def remove_nodes(data_dir: Path, state: ClusterState, nodes: list[ProcessRecord]
     _stop_group(nodes, SERVICE_GRACE)
 
 
-def respawn(data_dir: Path, record: ProcessRecord) -> None:
+def respawn(data_dir: Path, record: ProcessRecord, spare: Spare | None = None) -> bool:
     """Start ``record``'s process again, with its arguments and on the port it had, so its address in the
-    cluster's records and ticks stays right; its pid, start time and restart count are updated."""
+    cluster's records and ticks stays right; its pid, start time and restart count are updated.
+
+    With a ``spare`` still waiting, the spare becomes the process (``flamestream.runtime.spares``: it has
+    imported everything already); returns whether it did.
+    """
     args = list(record.args)
     if record.address and "--port" in args:
         args[args.index("--port") + 1] = record.address.rpartition(":")[2]
@@ -669,10 +677,15 @@ def respawn(data_dir: Path, record: ProcessRecord) -> None:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} restart {record.restarts + 1}: "
                   f"{shlex.join(argv)}\n".encode())
         out.flush()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=data_dir, env=_child_env(), start_new_session=True)
-    record.pid, record.started = proc.pid, start_time(proc.pid)
+        warm = spare is not None and spare.become(args, record.output, data_dir)
+        if spare is not None and warm:
+            record.pid, record.started = spare.process.pid, spare.started
+        else:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=data_dir, env=child_env(), start_new_session=True)
+            record.pid, record.started = proc.pid, start_time(proc.pid)
     record.restarts += 1
+    return warm
 
 
 def format_endpoints(endpoints: Iterable[tuple[str, str]]) -> str:

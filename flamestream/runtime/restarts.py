@@ -35,11 +35,22 @@ import os
 import select
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 
-from flamestream.runtime.launcher import NODE, ProcessRecord, health_status, is_alive, load_state, respawn, save_state
+from flamestream.runtime.launcher import (
+    NODE,
+    ProcessRecord,
+    child_env,
+    health_status,
+    is_alive,
+    load_state,
+    respawn,
+    save_state,
+)
+from flamestream.runtime.spares import Spare
 
 log = logging.getLogger("flamestream.supervise")
 
@@ -58,6 +69,9 @@ HANG_TIMEOUT = 10.0
 """Default ``--hang-timeout``: seconds without any health answer before a node that answered once is killed."""
 PROBE_EVERY = 1.0
 """Seconds between the health probes of one node (each has a deadline of its own, ``health_status``)."""
+SPARES_AFTER = 3.0
+"""Seconds without a restart before missing warm spares are started (``flamestream.runtime.spares``): a new
+spare's imports would compete with the nodes a recovery is starting."""
 
 
 class _Backoff:
@@ -126,9 +140,12 @@ class _ExitWatch:
         self._fds.clear()
 
 
-def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
+def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT, spares: bool = True) -> int:
     """Restart the nodes recorded in ``data_dir``'s state file whenever they die — or hang for ``hang_timeout``
-    seconds (0: never judged) — until SIGTERM (exit 0) or the state file is gone (the cluster was taken down)."""
+    seconds (0: never judged) — until SIGTERM (exit 0) or the state file is gone (the cluster was taken down).
+
+    ``spares``: keep a warm spare per node, which a restart of that node becomes (``flamestream.runtime.spares``).
+    """
     stopping = False
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
@@ -137,17 +154,30 @@ def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    exits = _ExitWatch()
+    warm = _Spares(data_dir) if spares else None
+    log.info("supervising the nodes of %s (hang timeout %s, warm spares %s)", data_dir,
+             f"{hang_timeout:g}s" if hang_timeout > 0 else "off", "on" if spares else "off")
+    try:
+        _supervise(data_dir, hang_timeout, lambda: stopping, exits, warm)
+    finally:
+        exits.close()
+        if warm is not None:
+            warm.close()
+    log.info("stopped")
+    return 0
+
+
+def _supervise(data_dir: Path, hang_timeout: float, stopping: Callable[[], bool], exits: _ExitWatch,
+               warm: _Spares | None) -> None:
     backoffs: dict[str, _Backoff] = {}
     probes: dict[str, _Probes] = {}
     pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="health")
-    exits = _ExitWatch()
-    log.info("supervising the nodes of %s (hang timeout %s)", data_dir,
-             f"{hang_timeout:g}s" if hang_timeout > 0 else "off")
-    while not stopping:
+    while not stopping():
         state = load_state(data_dir)
         if state is None:
             log.info("the cluster's state file is gone: stopping")
-            return 0
+            break
         restarted: set[str] = set()
         now = time.monotonic()
         for record in state.processes:
@@ -165,12 +195,16 @@ def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
                 backoff.due = now + backoff.delay
                 log.warning("node %s (pid %d) is gone; restarting it in %.1fs", record.name, record.pid,
                             backoff.delay)
-            if now < backoff.due or stopping:
+            if now < backoff.due or stopping():
                 continue
-            respawn(data_dir, record)
+            spare = warm.take(record.name) if warm is not None else None
+            became = respawn(data_dir, record, spare)
+            if spare is not None and not became:
+                spare.stop()
             backoff.started, backoff.due = now, None
             backoff.delay = min(max(backoff.delay * 2, FIRST_BACKOFF), MAX_BACKOFF)
-            log.warning("restarted node %s as pid %d (restart %d)", record.name, record.pid, record.restarts)
+            log.warning("restarted node %s as pid %d (restart %d%s)", record.name, record.pid, record.restarts,
+                        ", a warm spare" if became else "")
             restarted.add(record.name)
         if restarted:
             # Written back from a fresh read, so a ``scale`` that saved meanwhile is not undone.
@@ -182,11 +216,46 @@ def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT) -> int:
                         new = fresh[record.name]
                         record.pid, record.started, record.restarts = new.pid, new.started, new.restarts
                 save_state(data_dir, latest)
+        if warm is not None:
+            warm.keep([record.name for record in state.processes if record.role == NODE],
+                      quiet=not restarted and all(b.due is None for b in backoffs.values()))
         exits.wait(POLL)
-    exits.close()
     pool.shutdown(wait=False, cancel_futures=True)
-    log.info("stopped")
-    return 0
+
+
+class _Spares:
+    """A warm spare per node name, started once the cluster has had no restart for ``SPARES_AFTER`` s."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.ready: dict[str, Spare] = {}
+        self.quiet_since = time.monotonic()
+
+    def take(self, name: str) -> Spare | None:
+        spare = self.ready.pop(name, None)
+        self.quiet_since = time.monotonic()
+        return spare
+
+    def keep(self, names: list[str], quiet: bool) -> None:
+        """A spare for each of ``names`` (the nodes of the state file), none for any other name."""
+        now = time.monotonic()
+        if not quiet:
+            self.quiet_since = now
+        for name in [n for n in self.ready if n not in names]:  # a node ``scale`` removed
+            self.ready.pop(name).stop()
+        for name in names:
+            spare = self.ready.get(name)
+            if spare is not None and not spare.alive():
+                log.warning("the warm spare for node %s (pid %d) died (exit code %s)", name, spare.process.pid,
+                            spare.process.returncode)
+                del self.ready[name]
+            if name not in self.ready and now - self.quiet_since >= SPARES_AFTER:
+                self.ready[name] = Spare.start(self.data_dir, child_env())
+
+    def close(self) -> None:
+        for spare in self.ready.values():
+            spare.stop()
+        self.ready.clear()
 
 
 def _kill_if_hung(record: ProcessRecord, probes: dict[str, _Probes], now: float, timeout: float,
