@@ -7,11 +7,16 @@ stay equal or a restored state would group differently), and a JSON tagging
 walk in Python costs seconds per snapshot of an inverted index (3.3 s for
 20k keys, 8.8 MB).  So values are pickled — C speed, exact types — but only
 *plain* values: the pickler refuses any object that is not None, a bool,
-int, float, str, bytes, list, tuple, dict, set or frozenset (a
+int, float, str, bytes, bytearray, list, tuple, dict, set or frozenset (a
 user's class, a namedtuple), and the unpickler resolves no global at all.
 Every opcode that could call code (REDUCE, BUILD, INST, OBJ, NEWOBJ) needs a
 callable that only a global lookup provides, so decoding can build plain
 values and nothing else: bytes read back from disk never run code.
+
+Plain is exactly what the unpickler can build without a global — which is
+why bytearray is one (pickle has an opcode for it): whatever a crafted
+batch decodes to, business logic could have produced too, and it is
+encoded, routed and snapshotted the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-_PLAIN = (type(None), bool, int, float, str, bytes, list, tuple, dict, set, frozenset)
+_PLAIN = (type(None), bool, int, float, str, bytes, bytearray, list, tuple, dict, set, frozenset)
 
 
 class _PlainPickler(pickle.Pickler):
@@ -31,7 +36,7 @@ class _PlainPickler(pickle.Pickler):
         if type(obj) in _PLAIN:
             return NotImplemented
         raise ValueError(f"a value of type {type(obj).__qualname__} cannot be encoded (only None, bool, int, "
-                         "float, str, bytes, list, tuple, dict, set and frozenset can)")
+                         "float, str, bytes, bytearray, list, tuple, dict, set and frozenset can)")
 
 
 class _PlainUnpickler(pickle.Unpickler):
