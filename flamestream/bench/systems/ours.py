@@ -38,7 +38,8 @@ class Flamestream:
         self._state = launcher.start_cluster(launcher.UpOptions(
             data_dir=data_dir, nodes=spec.workers, fronts=1, cluster="bench", placement=self.placement,
             exactly_once=spec.exactly_once, snapshot_interval_ms=spec.snapshot_interval_ms,
-            tls_dir=data_dir / "tls" if self.tls else None))
+            tls_dir=data_dir / "tls" if self.tls else None,
+            spares=False))  # nothing is killed here: a spare's imports would only add CPU to what is measured
         self._credentials = self._state.tls_dir or None
         try:
             with Client(self._state.zookeeper, self._state.cluster, credentials=self._credentials) as client:
