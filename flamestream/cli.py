@@ -45,7 +45,7 @@ from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.oracle import run_oracle
 from flamestream.core.payload import check_payload, decode_payload, encode_payload
 from flamestream.loader import load_graph, read_inputs
-from flamestream.runtime import launcher, tls
+from flamestream.runtime import launcher, spares, tls
 from flamestream.runtime.heap import tune_gc
 from flamestream.runtime.node import add_allow_module_argument, timeout_seconds
 from flamestream.runtime.restarts import HANG_TIMEOUT
@@ -265,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 f"S seconds; 0 = never (default {HANG_TIMEOUT:g})")
     supervise.add_argument("--no-spares", dest="spares", action="store_false",
                            help="keep no warm spare process per node (a restart then starts a new interpreter)")
+
+    spare = sub.add_parser("spare", help=argparse.SUPPRESS)  # the supervisor's warm spares (runtime/spares.py)
+    spare.set_defaults(handler=cmd_spare)
 
     tls_init = sub.add_parser("tls-init", help="create a secured cluster's credentials for nodes started by hand "
                                                "(what `up` does in DIR/tls; docker-compose's tls-init service)")
@@ -724,6 +727,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def cmd_spare(_args: argparse.Namespace) -> int:
+    """Wait, with every service imported, for the command line of the node this process is to become."""
+    command = spares.receive()
+    return 0 if command is None else main(command)
 
 
 def cmd_supervise(args: argparse.Namespace) -> int:

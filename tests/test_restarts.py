@@ -23,7 +23,7 @@ from flamestream.client import Client
 from flamestream.cluster import ClusterStore
 from flamestream.coordinator.zookeeper import ZooKeeperServer
 from flamestream.runtime import launcher
-from flamestream.runtime.launcher import child_env
+from flamestream.runtime.launcher import child_env, start_time
 from flamestream.runtime.spares import Spare
 from tests.test_cluster_e2e import cli
 from tests.test_nodes import eventually, health
@@ -138,12 +138,15 @@ def test_a_tick_that_cannot_be_loaded_is_reported_and_a_good_deploy_recovers(clu
     assert _counts(zookeeper, cluster_name, ["p q p"], "g", 3) == [("p", 1), ("p", 2), ("q", 1)]
 
 
+SPARE = ["-m", "flamestream", "spare"]
+
+
 def _spares(supervisor: int) -> dict[int, str]:
     """pid -> command line of the supervisor's warm spares."""
     spares = {}
     for child in psutil.Process(supervisor).children():
         with contextlib.suppress(psutil.Error):
-            if "flamestream.runtime.spares" in child.cmdline():
+            if child.cmdline()[1:] == SPARE:
                 spares[child.pid] = " ".join(child.cmdline())
     return spares
 
@@ -163,7 +166,7 @@ def test_a_restart_is_a_warm_spare_that_becomes_the_node(cluster_dir: Path, zook
                "node1's restart")
     node1 = _node(json.loads((cluster_dir / "cluster.json").read_text()), "node1")
     assert node1["pid"] in spares
-    assert psutil.Process(node1["pid"]).cmdline()[1:] == ["-m", "flamestream.runtime.spares"]  # what it was started as
+    assert psutil.Process(node1["pid"]).cmdline()[1:] == SPARE  # what it was started as
     assert "a warm spare" in (cluster_dir / "logs" / "supervisor.out").read_text()
     assert _counts(zookeeper, cluster_name, ["a"], "g", 2) == [("a", 1), ("a", 2)]  # recovered, exactly
     assert health(node1["address"], "worker1", state["tls_dir"]) == "SERVING"
@@ -175,12 +178,12 @@ def test_a_restart_is_a_warm_spare_that_becomes_the_node(cluster_dir: Path, zook
 
 
 def test_a_spare_runs_the_command_it_is_handed_and_a_dead_one_is_refused(tmp_path: Path) -> None:
-    dead = Spare.start(tmp_path, child_env())
+    dead = Spare.start(tmp_path, child_env(), start_time)
     dead.process.kill()
     dead.process.wait()
     assert not dead.become(["-m", "flamestream", "--help"], str(tmp_path / "dead.out"), tmp_path)
 
-    spare = Spare.start(tmp_path, child_env())
+    spare = Spare.start(tmp_path, child_env(), start_time)
     work = tmp_path / "work"
     work.mkdir()
     assert spare.become(["-m", "flamestream", "status", "--data-dir", "here"], str(tmp_path / "spare.out"), work)

@@ -49,6 +49,7 @@ from flamestream.runtime.launcher import (
     load_state,
     respawn,
     save_state,
+    start_time,
 )
 from flamestream.runtime.spares import Spare
 
@@ -250,7 +251,7 @@ class _Spares:
                             spare.process.returncode)
                 del self.ready[name]
             if name not in self.ready and now - self.quiet_since >= SPARES_AFTER:
-                self.ready[name] = Spare.start(self.data_dir, child_env())
+                self.ready[name] = Spare.start(self.data_dir, child_env(), start_time)
 
     def close(self) -> None:
         for spare in self.ready.values():

@@ -8,10 +8,11 @@ become; the supervisor (``flamestream.runtime.restarts``) hands a node's restart
 starts the next spare once the cluster has been quiet for a while, so that a new spare's imports do not
 compete with the nodes a recovery is starting.
 
-A spare imports at the lowest CPU priority (nice 19): a cluster that never crashes pays for its spares
-in idle time only.  It takes its original priority back as it becomes a node, so it does that only
-where the process may raise its priority again (root, or an ``RLIMIT_NICE`` that allows it); elsewhere
-it imports at its normal priority.  A spare whose supervisor is gone reads the end of its input and
+The process is ``flamestream spare`` (the command line's own entry, which imports every service) and
+``receive`` is its side of the hand-over.  The supervisor lowers a new spare to the lowest CPU priority
+(nice 19), so a cluster that never crashes pays for its spares in idle time only, and gives the
+priority back as it hands a node over; it lowers it only where it may raise it again (root, or an
+``RLIMIT_NICE`` that allows it).  A spare whose supervisor is gone reads the end of its input and
 exits.
 """
 
@@ -23,6 +24,7 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,16 +39,21 @@ class Spare:
     process: subprocess.Popen[bytes]
     started: str | None
     """The kernel's start time of its process (``launcher.start_time``): the identity its node keeps."""
+    priority: int | None
+    """The niceness to give back when it becomes a node; None if it was not lowered."""
 
     @classmethod
-    def start(cls, cwd: Path, env: dict[str, str]) -> Spare:
-        # Imported here: the launcher pulls in gRPC, which a spare imports only once its priority is lowered.
-        from flamestream.runtime.launcher import start_time
-
-        process = subprocess.Popen([sys.executable, "-m", "flamestream.runtime.spares"], stdin=subprocess.PIPE,
+    def start(cls, cwd: Path, env: dict[str, str], start_time: Callable[[int], str | None]) -> Spare:
+        process = subprocess.Popen([sys.executable, "-m", "flamestream", "spare"], stdin=subprocess.PIPE,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
                                    start_new_session=True)
-        return cls(process, start_time(process.pid))
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        priority: int | None = None
+        if own < LOWEST and _may_raise_priority_to(own):
+            with contextlib.suppress(OSError):  # gone already: ``become`` finds out
+                os.setpriority(os.PRIO_PROCESS, process.pid, LOWEST)
+                priority = own
+        return cls(process, start_time(process.pid), priority)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -56,11 +63,9 @@ class Spare:
         working directory; False if it is gone (then it is no use: start the node cold)."""
         if not self.alive() or self.process.stdin is None:
             return False
-        # At once, not when the spare reads its command: one still importing at nice 19 on a busy machine would
-        # otherwise finish that at the lowest priority, slower than a new interpreter.  Allowed wherever the spare
-        # lowered its priority itself (same user, same limits).
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, self.process.pid, os.getpriority(os.PRIO_PROCESS, 0))
+        if self.priority is not None:  # at once: one still importing at nice 19 on a busy machine would be slow
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, self.process.pid, self.priority)
         try:
             self.process.stdin.write(json.dumps({"args": args, "output": output, "cwd": str(cwd)}).encode() + b"\n")
             self.process.stdin.close()
@@ -78,29 +83,23 @@ class Spare:
 
 
 def _may_raise_priority_to(niceness: int) -> bool:
-    """Whether this process could go back to ``niceness`` after lowering its priority."""
+    """Whether this process could give a process of its own back ``niceness`` after lowering its priority."""
     if os.geteuid() == 0:
         return True
     soft, _hard = resource.getrlimit(resource.RLIMIT_NICE)
     return soft == resource.RLIM_INFINITY or 20 - soft <= niceness
 
 
-def main() -> int:
-    """The spare itself: import at low priority, wait for the command line, become that node."""
-    original = os.getpriority(os.PRIO_PROCESS, 0)
-    lowered = original < LOWEST and _may_raise_priority_to(original)
-    if lowered:
-        os.setpriority(os.PRIO_PROCESS, 0, LOWEST)
-    from flamestream import cli  # what every node imports: the services, gRPC, kazoo, cryptography
-
+def receive() -> list[str] | None:
+    """The spare's side: wait for the command line, take the node's output file and working directory, and
+    return the arguments of ``flamestream`` it is to run; None if the supervisor sent nothing (it is gone)."""
     line = sys.stdin.buffer.readline()
     if not line:
-        return 0  # the supervisor is gone or did not need this spare
+        return None
     command = json.loads(line)
     args: list[str] = command["args"]
     if args[:2] != ["-m", "flamestream"]:
-        print(f"spare: not a flamestream command line: {args}", file=sys.stderr)
-        return 2
+        raise SystemExit(f"spare: not a flamestream command line: {args}")
     output = os.open(command["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(output, 1)
     os.dup2(output, 2)
@@ -109,11 +108,5 @@ def main() -> int:
     os.dup2(null, 0)
     os.close(null)
     os.chdir(command["cwd"])
-    if lowered:
-        os.setpriority(os.PRIO_PROCESS, 0, original)
     sys.argv = [sys.executable, *args]
-    return cli.main(args[2:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return args[2:]
