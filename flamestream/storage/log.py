@@ -29,9 +29,13 @@ so only the last segment can have a torn tail.
 
 Recovery on open (writer only): sealed segments get a cheap check (index length
 and the extent of the last indexed record) and are rescanned only if that
-fails; the last segment is fully scanned, cut back to its last intact record,
-and its index rewritten if it disagrees.  Fsynced records are never cut: a torn
-tail can only consist of bytes whose fsync had not returned.
+fails; the last segment is scanned from the end of the records its index
+published (``_published``: they were fsynced before their entries were
+written), cut back to its last intact record, and its index rewritten if it
+disagrees.  Fsynced records are never cut: a torn tail can only consist of
+bytes whose fsync had not returned.  (A record corrupted later on the medium,
+below the published end, is no longer found at open: a CRC scan of every
+restart's whole segment cost a front 0.75 s per 300k events.)
 
 Limitations, by design:
 
@@ -68,6 +72,7 @@ import fcntl
 import json
 import os
 import struct
+import sys
 import zlib
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
@@ -158,11 +163,10 @@ def _frame(record: bytes) -> bytes:
     return _HEADER.pack(size, zlib.crc32(record)) + record
 
 
-def _scan(data: bytes) -> tuple[list[int], int]:
-    """Positions of the intact records at the start of ``data`` and the byte where they end."""
+def _scan(data: bytes, pos: int = 0) -> tuple[list[int], int]:
+    """Positions of the intact records of ``data`` from byte ``pos`` on and the byte where they end."""
     view = memoryview(data)
     positions: list[int] = []
-    pos = 0
     while pos + _HEADER.size <= len(view):
         size, crc = _HEADER.unpack_from(view, pos)
         end = pos + _HEADER.size + size
@@ -171,6 +175,38 @@ def _scan(data: bytes) -> tuple[list[int], int]:
         positions.append(pos)
         pos = end
     return positions, pos
+
+
+def _published(index: bytes, data: bytes) -> tuple[int, int]:
+    """How many records of the active segment ``data`` its ``index`` published, and the byte where they end:
+    recovery scans only what comes after them.
+
+    Why they need no scan: an index entry is written only after its record's fsync returned (the
+    publication protocol), so the records it names are intact.  The index itself is not fsynced, so a crash
+    can leave its tail zero-filled or torn: only the entries that start at 0 and increase count, and the
+    last of them must frame an intact record (size and CRC) inside ``data``.  Anything else: none, and
+    recovery scans the whole segment as before.  Scanning 300k records of a front's input log took 0.75 s
+    of every restart; this takes a few milliseconds.
+    """
+    count = len(index) // _ENTRY.size
+    if count == 0:
+        return 0, 0
+    if sys.byteorder != "little":  # the entries are little-endian: read natively, they would be wrong
+        return 0, 0
+    entries = memoryview(index)[: count * _ENTRY.size].cast("Q")
+    trusted, previous = 0, -1
+    for position in entries:
+        if position <= previous or position >= len(data):
+            break
+        trusted, previous = trusted + 1, position
+    if trusted == 0 or entries[0] != 0:
+        return 0, 0
+    last = entries[trusted - 1]
+    size, crc = _HEADER.unpack_from(data, last) if last + _HEADER.size <= len(data) else (0, 0)
+    end = last + _HEADER.size + size
+    if size == 0 or end > len(data) or zlib.crc32(memoryview(data)[last + _HEADER.size : end]) != crc:
+        return 0, 0
+    return trusted, end
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -248,11 +284,13 @@ class SegmentedLog:
         log_path = _segment_path(self.directory, last)
         index_path = _index_path(self.directory, last)
         data = log_path.read_bytes()
-        positions, valid_end = _scan(data)
+        written = index_path.read_bytes() if index_path.exists() else b""
+        trusted, start = _published(written, data)
+        tail, valid_end = _scan(data, start)
         if valid_end < len(data):
             os.truncate(log_path, valid_end)
-        index = b"".join(_ENTRY.pack(p) for p in positions)
-        if not index_path.exists() or index_path.read_bytes() != index:
+        index = written[: trusted * _ENTRY.size] + b"".join(_ENTRY.pack(p) for p in tail)
+        if index != written:
             index_path.write_bytes(index)
         self._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
         self._index_fd = os.open(index_path, os.O_WRONLY | os.O_APPEND)
@@ -261,7 +299,7 @@ class SegmentedLog:
             os.fsync(self._log_fd)
             os.fsync(self._index_fd)
         self._active_size = valid_end
-        self._end = last + len(positions)
+        self._end = last + trusted + len(tail)
 
     def _check_sealed(self, base: int, count: int) -> None:
         """Trust a sealed segment's index if it is plausible; otherwise rebuild it from the segment."""
