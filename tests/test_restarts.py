@@ -23,7 +23,6 @@ from flamestream.client import Client
 from flamestream.cluster import ClusterStore
 from flamestream.coordinator.zookeeper import ZooKeeperServer
 from flamestream.runtime import launcher
-from flamestream.runtime.launcher import child_env, start_time
 from flamestream.runtime.spares import Spare
 from tests.test_cluster_e2e import cli
 from tests.test_nodes import eventually, health
@@ -178,12 +177,12 @@ def test_a_restart_is_a_warm_spare_that_becomes_the_node(cluster_dir: Path, zook
 
 
 def test_a_spare_runs_the_command_it_is_handed_and_a_dead_one_is_refused(tmp_path: Path) -> None:
-    dead = Spare.start(tmp_path, child_env(), start_time)
+    dead = Spare.start(tmp_path)
     dead.process.kill()
     dead.process.wait()
     assert not dead.become(["-m", "flamestream", "--help"], str(tmp_path / "dead.out"), tmp_path)
 
-    spare = Spare.start(tmp_path, child_env(), start_time)
+    spare = Spare.start(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
     assert spare.become(["-m", "flamestream", "status", "--data-dir", "here"], str(tmp_path / "spare.out"), work)

@@ -30,15 +30,17 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore, placement, zookeeper_serving
 from flamestream.runtime import tls
-from flamestream.runtime.spares import Spare
 from flamestream.wire.security import Credentials
+
+if TYPE_CHECKING:  # spares imports this module
+    from flamestream.runtime.spares import Spare
 
 ZOOKEEPER = "zookeeper"
 
@@ -678,7 +680,8 @@ def respawn(data_dir: Path, record: ProcessRecord, spare: Spare | None = None) -
                   f"{shlex.join(argv)}\n".encode())
         out.flush()
         warm = spare is not None and spare.become(args, record.output, data_dir)
-        if spare is not None and warm:
+        if warm:
+            assert spare is not None
             record.pid, record.started = spare.process.pid, spare.started
         else:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

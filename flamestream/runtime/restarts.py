@@ -43,13 +43,11 @@ from types import FrameType
 from flamestream.runtime.launcher import (
     NODE,
     ProcessRecord,
-    child_env,
     health_status,
     is_alive,
     load_state,
     respawn,
     save_state,
-    start_time,
 )
 from flamestream.runtime.spares import Spare
 
@@ -233,9 +231,7 @@ class _Spares:
         self.quiet_since = time.monotonic()
 
     def take(self, name: str) -> Spare | None:
-        spare = self.ready.pop(name, None)
-        self.quiet_since = time.monotonic()
-        return spare
+        return self.ready.pop(name, None)
 
     def keep(self, names: list[str], quiet: bool) -> None:
         """A spare for each of ``names`` (the nodes of the state file), none for any other name."""
@@ -251,7 +247,7 @@ class _Spares:
                             spare.process.returncode)
                 del self.ready[name]
             if name not in self.ready and now - self.quiet_since >= SPARES_AFTER:
-                self.ready[name] = Spare.start(self.data_dir, child_env(), start_time)
+                self.ready[name] = Spare.start(self.data_dir)
 
     def close(self) -> None:
         for spare in self.ready.values():

@@ -24,9 +24,10 @@ import os
 import resource
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from flamestream.runtime.launcher import child_env, start_time
 
 LOWEST = 19
 """The niceness a spare imports at."""
@@ -43,9 +44,10 @@ class Spare:
     """The niceness to give back when it becomes a node; None if it was not lowered."""
 
     @classmethod
-    def start(cls, cwd: Path, env: dict[str, str], start_time: Callable[[int], str | None]) -> Spare:
+    def start(cls, cwd: Path) -> Spare:
+        """A new spare in ``cwd``, with the environment every node gets (``launcher.child_env``)."""
         process = subprocess.Popen([sys.executable, "-m", "flamestream", "spare"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=child_env(),
                                    start_new_session=True)
         own = os.getpriority(os.PRIO_PROCESS, 0)
         priority: int | None = None

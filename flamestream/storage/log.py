@@ -186,7 +186,7 @@ def _published(index: bytes, data: bytes) -> tuple[int, int]:
     can leave its tail zero-filled or torn: only the entries that start at 0 and increase count, and the
     last of them must frame an intact record (size and CRC) inside ``data``.  Anything else: none, and
     recovery scans the whole segment as before.  Scanning 300k records of a front's input log took 0.75 s
-    of every restart; this takes a few milliseconds.
+    of every restart; reading their index this way takes 25 ms.
     """
     count = len(index) // _ENTRY.size
     if count == 0:
