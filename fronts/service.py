@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -82,6 +83,12 @@ class _Route:
         """A recovery tick's re-send of the logged events (``FrontService._resend``), while it runs."""
         self.resend_floor: int | None = None
         """While the re-send runs, the stamp of the next logged event it has not sent: no report passes it."""
+        self.resend_end = 0
+        """The input log's end offset when this recovery route was installed: the re-send reads the log below it,
+        since every event logged from then on is in ``deferred``."""
+        self.deferred: list[_Fresh] | None = None
+        """While a recovery catches up, the events pushed meanwhile: logged and acknowledged, but sent only after
+        the re-sent ones (``FrontService._resend``); None once it caught up."""
 
     def watch_min_time(self) -> Any:
         """The acker's min-time stream (an async iterator of ``pb.GlobalTime``)."""
@@ -172,12 +179,13 @@ RESEND_WINDOW = 2
 """Re-sent batches in flight at once: the next waits until the min time passed the one this many before it."""
 
 
-def _logged_since(log: SegmentedLog, start: GlobalTime) -> tuple[list[tuple[GlobalTime, Trace, Any]], int]:
-    """The logged events stamped at or after ``start``, in log (= stamp) order, and their records' bytes: read
-    from the end backwards, since a recovery starts at a recent snapshot."""
+def _logged_since(log: SegmentedLog, start: GlobalTime,
+                  end: int) -> tuple[list[tuple[GlobalTime, Trace, Any]], int]:
+    """The events logged below offset ``end`` and stamped at or after ``start``, in log (= stamp) order, and
+    their records' bytes: read from the end backwards, since a recovery starts at a recent snapshot."""
     found: list[tuple[GlobalTime, Trace, Any]] = []
     size = 0
-    for _offset, data in log.scan_backwards(chunk=RESEND_BATCH):
+    for _offset, data in log.scan_backwards(chunk=RESEND_BATCH, end=end):
         record = decode_record(data)
         gt = GlobalTime(record["ts"], record["front"])
         if gt < start:
@@ -187,13 +195,12 @@ def _logged_since(log: SegmentedLog, start: GlobalTime) -> tuple[list[tuple[Glob
     return found[::-1], size
 
 
-def _whole_milliseconds(events: list[tuple[GlobalTime, Trace, Any]],
-                        size: int) -> list[list[tuple[GlobalTime, Trace, Any]]]:
+def _whole_milliseconds(events: list[_Fresh], size: int) -> list[list[_Fresh]]:
     """``events`` (in stamp order) cut into chunks of about ``size`` that end where a millisecond does: a report
     at the next chunk's first stamp then passes every event of the chunk, so the min time can pass it."""
-    chunks: list[list[tuple[GlobalTime, Trace, Any]]] = []
+    chunks: list[list[_Fresh]] = []
     for event in events:
-        if not chunks or (len(chunks[-1]) >= size and event[0].ts > chunks[-1][-1][0].ts):
+        if not chunks or (len(chunks[-1]) >= size and event.gt.ts > chunks[-1][-1].gt.ts):
             chunks.append([])
         chunks[-1].append(event)
     return chunks
@@ -242,6 +249,8 @@ class FrontService(rpc.FrontServicer):
         self._route: _Route | None = None
         self._next: _Route | None = None
         """A hand-over tick announced but not started: events stamped at or after its start go there."""
+        self._behind: _Route | None = None
+        """The tick the stamps left while its recovery still caught up: it sends the rest, then closes."""
         self._known = -1
         """The newest tick number taken (ticks arrive from the node and from the lease's reads)."""
         self.lease = (StampingLease(store, front_id, lambda: self._clock.next_ts(_now_ms()), lambda: self._known,
@@ -307,7 +316,7 @@ class FrontService(rpc.FrontServicer):
                     self._clock.report(tick.start.ts)  # the tick covers times from its start on
                 if route is not None and tick.recovery:
                     # Paced, after deploy returns: the node still has to deploy this tick to its other roles.
-                    route.resend_floor = tick.start.ts
+                    route.resend_floor, route.resend_end, route.deferred = tick.start.ts, self._log.end_offset, []
                     assert self._supervisor is not None, "start_reports comes before any deploy"
                     route.resend = self._supervisor.spawn(f"front{self.front_id}", f"re-send for tick {tick.number}",
                                                           self._resend(route, tick.start), finite=True)
@@ -318,7 +327,8 @@ class FrontService(rpc.FrontServicer):
             await old.close()
 
     async def _resend(self, route: _Route, start: GlobalTime) -> None:
-        """Recovery: send every logged event stamped at or after ``start`` again, with its original stamp.
+        """Recovery: send every logged event stamped at or after ``start`` again, with its original stamp, and
+        then the events pushed meanwhile.
 
         The recovery tick restores the grouping state of the last complete
         snapshot at ``start``; the events after it are in this log (an event is
@@ -332,36 +342,69 @@ class FrontService(rpc.FrontServicer):
         move until all of it was done — longer than the acker's stall timeout,
         so recovery would restart from the same snapshot with an even longer
         backlog.  Paced, the min time moves batch by batch and records are
-        released as they complete.  Pushes go on meanwhile (each batch takes
-        the lock on its own); their items wait behind the re-sent ones, since
-        no report passes ``route.resend_floor``.
+        released as they complete.
+
+        Pushes go on meanwhile, logged and acknowledged as usual, but their
+        events wait in ``route.deferred`` and are sent here, after the re-sent
+        ones.  Why: sent at once, they reach the groupings ahead of the older
+        re-sent items of the same keys, and every such older item makes its
+        grouping replay all newer ones; under a steady stream (the inverted
+        index at 20 pages/s) those replays kept a recovery's backlog from ever
+        draining.  The last chunk and the switch back to sending pushes at once
+        happen under the lock together, so no push slips between them.
         """
-        events, size = await asyncio.to_thread(_logged_since, self._log, start)
-        chunks = _whole_milliseconds(events, max(1, min(RESEND_BATCH, RESEND_BYTES * len(events) // max(size, 1))))
+        logged, size = await asyncio.to_thread(_logged_since, self._log, start, route.resend_end)
+        per_chunk = max(1, min(RESEND_BATCH, RESEND_BYTES * len(logged) // max(size, 1)))
+        pending = [_Fresh(gt, trace, payload, as_hash(route.balance(payload)), "", 0) for gt, trace, payload in logged]
         sent: deque[GlobalTime] = deque()
-        for number, chunk in enumerate(chunks):
-            while len(sent) >= RESEND_WINDOW:
-                if route.min_time > sent[0]:
-                    sent.popleft()
-                    continue
-                self._progress.clear()
-                await self._progress.wait()
+        meanwhile = 0
+        while True:
+            chunks = _whole_milliseconds(pending, per_chunk)
+            # The last chunk waits: events pushed meanwhile may share its millisecond.
+            for chunk, following in pairwise(chunks):
+                await self._resend_window(route, sent)
+                async with self._lock:
+                    if not await self._resend_chunk(route, chunk, following[0].gt.ts):
+                        return
+                sent.append(chunk[-1].gt)
+            await self._resend_window(route, sent)
             async with self._lock:
-                batches, acks = self._batches(route, [_Fresh(gt, trace, payload, as_hash(route.balance(payload)), "", 0)
-                                                      for gt, trace, payload in chunk])
-                try:
-                    await self._to_acker(route, acks)
-                except _Rejected:
-                    return  # the route broke: the next recovery tick sends them again
-                await self._to_workers(route, batches)
-                route.resend_floor = chunks[number + 1][0][0].ts if number + 1 < len(chunks) else None
-                await self._report(route)
-            sent.append(chunk[-1][0])
-        if not chunks:  # nothing after the snapshot: the floor goes now, or no report would ever pass it again
-            async with self._lock:
-                route.resend_floor = None
-                await self._report(route)
-        self.logger.info("recovery: sent the %d logged events from %s on again", len(events), start)
+                assert route.deferred is not None, "only _resend ends the catching up"
+                more, route.deferred = route.deferred, []
+                if not more:
+                    route.deferred = None
+                    if chunks and not await self._resend_chunk(route, chunks[-1], None):
+                        return
+                    if not chunks:  # nothing at all to send: the floor goes now, or no report would ever pass it
+                        route.resend_floor = None
+                        await self._report(route)
+                    break
+            meanwhile += len(more)
+            pending = (chunks[-1] if chunks else []) + more
+        self.logger.info("recovery: sent the %d logged events from %s on again, then the %d pushed meanwhile",
+                         len(logged), start, meanwhile)
+
+    async def _resend_window(self, route: _Route, sent: deque[GlobalTime]) -> None:
+        """Wait until fewer than ``RESEND_WINDOW`` re-sent chunks are in flight (the min time passed the oldest)."""
+        while len(sent) >= RESEND_WINDOW:
+            if route.min_time > sent[0]:
+                sent.popleft()
+                continue
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def _resend_chunk(self, route: _Route, chunk: list[_Fresh], floor: int | None) -> bool:
+        """Send one chunk of a recovery's backlog and report up to ``floor``, the next unsent stamp (None: no
+        backlog left); with the lock held.  False if the route broke: the next recovery tick sends them again."""
+        batches, acks = self._batches(route, chunk)
+        try:
+            await self._to_acker(route, acks)
+        except _Rejected:
+            return False
+        await self._to_workers(route, batches)
+        route.resend_floor = floor
+        await self._report(route)
+        return True
 
     async def _switch_if_due(self, ts: int) -> _Route | None:
         """The route of an event stamped ``ts``: the next tick's from its start on (which then becomes current).
@@ -372,9 +415,25 @@ class FrontService(rpc.FrontServicer):
         if nxt is not None and ts >= nxt.tick.start.ts:
             old, self._route, self._next = self._route, nxt, None
             self.logger.info("switched to tick %d at %d", nxt.tick.number, ts)
-            if old is not None:
+            if old is not None and old.deferred is not None:
+                # Still catching up after a recovery: what it has yet to send lies below the switch, and tick
+                # n's workers must get it, or the hand-over's snapshot never completes.
+                assert self._supervisor is not None, "start_reports comes before any deploy"
+                self._behind = old
+                self._supervisor.spawn(f"front{self.front_id}", f"catching up on tick {old.tick.number}",
+                                       self._close_when_caught_up(old), finite=True)
+            elif old is not None:
                 await old.close()
         return self._route
+
+    async def _close_when_caught_up(self, route: _Route) -> None:
+        try:
+            if route.resend is not None:
+                await asyncio.wait([route.resend])
+        finally:
+            if self._behind is route:
+                self._behind = None
+            await route.close()
 
     def _break(self, route: _Route, exc: hosting.StreamBroken) -> None:
         if route.broken is None:
@@ -603,8 +662,11 @@ class FrontService(rpc.FrontServicer):
         return response, fresh
 
     async def _admit(self, route: _Route, fresh: list[_Fresh]) -> None:
-        sends, acks = self._batches(route, fresh)
-        await self._to_acker(route, acks)
+        """Ack, log and send ``fresh``; while a recovery catches up, log it and leave the sending to ``_resend``."""
+        catching_up = route.deferred is not None
+        sends, acks = ([], {}) if catching_up else self._batches(route, fresh)
+        if not catching_up:
+            await self._to_acker(route, acks)
         first = self._log.end_offset
         try:
             # (ts, front, seq) reproduce the item's global time and initial trace (seq,) for replay and recovery.
@@ -616,7 +678,14 @@ class FrontService(rpc.FrontServicer):
             return
         self._commit(fresh)
         self._take_credit(fresh)
-        await self._to_workers(route, sends)
+        await self._send_or_defer(route, fresh, sends)
+
+    async def _send_or_defer(self, route: _Route, admitted: list[_Fresh],
+                             sends: list[tuple[int, pb.ItemBatch]]) -> None:
+        if route.deferred is not None:
+            route.deferred.extend(admitted)
+        else:
+            await self._to_workers(route, sends)
 
     async def _salvage(self, route: _Route, fresh: list[_Fresh], acks: dict[GlobalTime, int], first: int,
                        exc: Exception) -> None:
@@ -639,10 +708,12 @@ class FrontService(rpc.FrontServicer):
         survivors = fresh[:kept]
         self._commit(survivors)  # in the log, so admitted, whatever happens to their delivery
         self._take_credit(survivors)
-        sends, survivor_acks = self._batches(route, survivors)
-        codec.xor_into(acks, survivor_acks)  # the same acks again cancel the first ones at the acker
-        await self._to_acker(route, acks)
-        await self._to_workers(route, sends)
+        sends: list[tuple[int, pb.ItemBatch]] = []
+        if route.deferred is None:  # else no ack was sent: the survivors wait for the catching up like any push
+            sends, survivor_acks = self._batches(route, survivors)
+            codec.xor_into(acks, survivor_acks)  # the same acks again cancel the first ones at the acker
+            await self._to_acker(route, acks)
+        await self._send_or_defer(route, survivors, sends)
         if kept < len(fresh):
             full = disk_full(exc)
             raise _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
@@ -758,8 +829,9 @@ class FrontService(rpc.FrontServicer):
                     self.logger.warning("cannot persist the report promise (%s); reporting at most %d",
                                         exc, self._promised)
                 self._report_owed, ts = True, self._promised
-        if route.resend_floor is not None:
-            ts = min(ts, route.resend_floor)
+        for floor in (r.resend_floor for r in (route, self._behind) if r is not None):
+            if floor is not None:  # the acker's table spans ticks: a hand-over's report must wait for it too
+                ts = min(ts, floor)
         await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
 
     # -- input-log retention -----------------------------------------------------

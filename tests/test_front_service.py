@@ -34,7 +34,8 @@ from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.fronts.producers import ProducerTable
-from flamestream.storage.input_log import front_log_dir, read_checkpoint
+from flamestream.fronts.service import _logged_since
+from flamestream.storage.input_log import encode_record, front_log_dir, read_checkpoint
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
@@ -528,7 +529,8 @@ def test_a_failed_log_write_admits_exactly_what_reached_the_log(
 @slow
 def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     """A recovery tick re-sends the logged events in chunks that end at a millisecond, at most two in flight, each
-    followed by a report up to the next unsent event; pushes go on meanwhile, and nothing is sent twice."""
+    followed by a report up to the next unsent event; pushes go on meanwhile and are sent after the re-sent
+    events, and nothing is sent twice."""
     graph = routed_graph()
 
     def received(cluster: StandIns, after: Sequence[int] = (0, 0)) -> list[tuple[GlobalTime, Any]]:
@@ -554,15 +556,16 @@ def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluste
             await eventually(lambda: len(cluster.acker.streams) == 2 and floor in cluster.acker.streams[1],
                              "the recovery's report up to the third chunk")
             during = times(await push(stub, [event("pushed while recovering")]))[0]
-            await eventually(lambda: any(p == "pushed while recovering" for _, p in received(cluster)),
-                             "the push at its worker")
-            resent = [r for r in received(cluster, seen) if r[1] != "pushed while recovering"]
-            assert len(resent) == 2400, "the third chunk waits until the min time passes the first"
-            assert cluster.acker.streams[1][0] == admitted[2][0].ts and max(cluster.acker.streams[1]) == floor
+            await eventually(lambda: len(received(cluster, seen)) == 2400, "the first two chunks re-sent")
+            assert cluster.acker.streams[1][0] == admitted[2][0].ts and max(cluster.acker.streams[1]) == floor, \
+                "the third chunk waits until the min time passes the first, and no report passes it"
 
             cluster.acker.advance(GlobalTime(admitted[1][-1].ts + 1, 0))
-            await eventually(lambda: len(received(cluster)) == 2 * 3000 + 1, "the third chunk re-sent")
+            await eventually(lambda: len(received(cluster)) == 2 * 3000 + 1, "the third chunk and the push sent")
             await eventually(lambda: cluster.acker.streams[1][-1] > during.ts, "a report past it all")
+            for w, skip in zip(cluster.workers, seen, strict=True):
+                stamps = [gt for _, _, (_, gt, _, _) in w.envelopes()[skip:]]
+                assert stamps == sorted(stamps), "the push waits behind the re-sent events: no grouping replays"
             again = [r for r in received(cluster, seen) if r[1] != "pushed while recovering"]
             assert Counter(again) == Counter(first_pass), "every logged event once more, with its original stamp"
             assert {gt for gt, _ in again} == {gt for times_ in admitted for gt in times_}
@@ -595,6 +598,20 @@ def test_a_recovery_with_nothing_to_send_again_lets_reports_pass_its_start(zooke
                              "a report past the push after the recovery")
 
     asyncio.run(scenario())
+
+
+def test_a_recovery_reads_the_log_only_below_the_end_it_had_when_installed(tmp_path: Path) -> None:
+    """Events logged after the recovery route was installed are its deferred pushes: read from the log too, they
+    would be sent twice."""
+    log = SegmentedLog(tmp_path / "log", 4096)
+    try:
+        stamps = [GlobalTime(ts, 0) for ts in (5, 6, 6, 7, 9)]
+        log.append_many([encode_record(gt, seq, f"event {seq}") for seq, gt in enumerate(stamps)])
+        events, size = _logged_since(log, GlobalTime(6, 0), end=4)
+        assert events == [(stamps[seq], (seq,), f"event {seq}") for seq in (1, 2, 3)]
+        assert size == sum(len(data) for _, data in log.read(1, 3))
+    finally:
+        log.close()
 
 
 def test_producer_table_remembers_recent_times_only() -> None:

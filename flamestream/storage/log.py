@@ -507,10 +507,11 @@ class SegmentedLog:
             yield from batch
             offset = batch[-1][0] + 1
 
-    def scan_backwards(self, chunk: int = 1000) -> Iterator[tuple[int, bytes]]:
-        """Records from the last one down to the log's start, read ``chunk`` at a time: for callers that need
-        only the newest records (a recovery's re-send, a topic's last global time) in a long log."""
-        offset = self.end_offset
+    def scan_backwards(self, chunk: int = 1000, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """Records from the last one (the one before offset ``end``, if given) down to the log's start, read
+        ``chunk`` at a time: for callers that need only the newest records (a recovery's re-send, a topic's last
+        global time) in a long log."""
+        offset = self.end_offset if end is None else min(end, self.end_offset)
         start = self.start_offset
         while offset > start:
             first = max(start, offset - chunk)
