@@ -431,8 +431,14 @@ class FrontService(rpc.FrontServicer):
             if route.resend is not None:
                 await asyncio.wait([route.resend])
         finally:
-            if self._behind is route:
-                self._behind = None
+            async with self._lock:
+                if self._behind is route:
+                    self._behind = None
+                    if self._route is not None and self._route.broken is None:
+                        # The reports the floor held back: a lone front counts its clock covered and would not
+                        # report again until its next push.
+                        with contextlib.suppress(hosting.StreamBroken):
+                            await self._report(self._route)
             await route.close()
 
     def _break(self, route: _Route, exc: hosting.StreamBroken) -> None:

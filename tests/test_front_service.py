@@ -206,6 +206,16 @@ async def front(zookeeper: str, cluster: str, data_dir: Path, *extra: str,
 # -- helpers ---------------------------------------------------------------------------------------------------
 
 
+@asynccontextmanager
+async def logged_front(zookeeper: str, cluster: str, data_dir: Path) -> AsyncIterator[tuple[StandIns, Any, Path, Tick]]:
+    """Stand-ins, a front logging to a file (to wait for what it says), and tick 0 of ``routed_graph`` published."""
+    log = data_dir / "front.log"
+    async with stand_ins() as services, front(zookeeper, cluster, data_dir, "--log-file", str(log)) as (_, stub):
+        tick = Tick.from_dict(services.tick(routed_graph(), now_ms()))
+        await publish(zookeeper, cluster, tick.to_dict())
+        yield services, stub, log, tick
+
+
 def event(payload: Any, producer: str = "", sequence: int = 0) -> pb.Event:
     return pb.Event(payload=json.dumps(payload).encode(), producer=producer, sequence=sequence)
 
@@ -575,17 +585,55 @@ def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluste
 
 
 @slow
+def test_a_hand_over_while_a_recovery_catches_up_lets_it_send_the_rest(zookeeper: str, cluster_name: str,
+                                                                       tmp_path: Path) -> None:
+    """Events below a hand-over that a recovery has yet to send still go to tick n's workers after the switch
+    (cancelled with the old route, they never did, and the hand-over's snapshot could not complete), and the new
+    tick's reports wait for them: the acker's table spans ticks."""
+    async def scenario() -> None:
+        async with logged_front(zookeeper, cluster_name, tmp_path) as (cluster, stub, log, tick):
+            admitted: list[list[GlobalTime]] = []
+            for p in range(5):  # chunks are pushes 0-1, 2-3 and 4: the third waits for the min time
+                batch = [event(f"push {p} line {i}") for i in range(600)]
+                admitted.append(times(await (push_once_deployed if p == 0 else push)(stub, batch)))
+                await asyncio.sleep(0.005)
+            await eventually(lambda: len(cluster.workers[0].envelopes()) + len(cluster.workers[1].envelopes())
+                             == 3000, "every event at its worker")
+            recovery = dataclasses.replace(tick, number=1, previous=0, recovery=True)
+            await publish(zookeeper, cluster_name, recovery.to_dict())
+            floor = admitted[4][0].ts
+            await eventually(lambda: len(cluster.acker.streams) == 2 and floor in cluster.acker.streams[1],
+                             "the recovery's report up to the third chunk")
+            (deferred,) = times(await push(stub, [event("pushed while catching up")]))
+
+            handover = dataclasses.replace(tick, number=2, previous=1, recovery=False,
+                                           start=GlobalTime(now_ms() + 300, 0))
+            await publish(zookeeper, cluster_name, handover.to_dict())
+            await eventually(lambda: "tick 2 takes over from tick 1" in log.read_text(), "the hand-over announced")
+            await asyncio.sleep(max(0.0, (handover.start.ts - now_ms()) / 1000 + 0.01))
+            (after,) = times(await push(stub, [event("pushed after the switch")]))
+            assert deferred < handover.start <= after
+            await eventually(lambda: len(cluster.acker.streams) == 3 and cluster.acker.streams[2],
+                             "a report of the new tick")
+            assert max(cluster.acker.streams[2]) <= floor, "no report passes what the recovery has yet to send"
+
+            cluster.acker.advance(GlobalTime(admitted[1][-1].ts + 1, 0))
+            payloads = lambda: [p for w in cluster.workers for _, _, (p, _, _, _) in w.envelopes()]  # noqa: E731
+            await eventually(lambda: "pushed while catching up" in payloads() and len(payloads()) == 2 * 3000 + 2,
+                             "the rest of the re-send and the deferred push, after the switch")
+            await eventually(lambda: cluster.acker.streams[2][-1] > after.ts, "the new tick's reports pass it all")
+
+    asyncio.run(scenario())
+
+
+@slow
 def test_a_recovery_with_nothing_to_send_again_lets_reports_pass_its_start(zookeeper: str, cluster_name: str,
                                                                            tmp_path: Path) -> None:
     """The last complete snapshot may lie after every logged event: then the re-send has nothing to send, and it
     must still lift its floor, or no report passes the recovery's start and the min time stays there for good
     (nothing pushed after such a recovery was ever released: once a flake of test_recovery's second kill)."""
     async def scenario() -> None:
-        log = tmp_path / "front.log"
-        logged = ("--log-file", str(log))
-        async with stand_ins() as cluster, front(zookeeper, cluster_name, tmp_path, *logged) as (_, stub):
-            tick = Tick.from_dict(cluster.tick(routed_graph(), now_ms()))
-            await publish(zookeeper, cluster_name, tick.to_dict())
+        async with logged_front(zookeeper, cluster_name, tmp_path) as (cluster, stub, log, tick):
             (before,) = times(await push_once_deployed(stub, [event("before")]))
             recovery = dataclasses.replace(tick, number=1, previous=0, recovery=True,
                                            start=GlobalTime(before.ts + 1, 0))
