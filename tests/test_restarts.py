@@ -9,9 +9,12 @@ the same name.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -188,3 +191,42 @@ def test_a_spare_runs_the_command_it_is_handed_and_a_dead_one_is_refused(tmp_pat
     assert spare.become(["-m", "flamestream", "status", "--data-dir", "here"], str(tmp_path / "spare.out"), work)
     assert spare.process.wait(60) != 0  # no cluster in work/here: status says so, on the output it was handed
     assert f"no cluster is recorded in {work / 'here'}" in (tmp_path / "spare.out").read_text()
+
+
+ZOMBIE_LEADER = """
+import ctypes, fcntl, os, sys, threading, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print("locked", flush=True)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread (the leader) exits; the other thread holds on
+"""
+
+
+def _locked(directory: Path) -> bool:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_process_whose_leader_exited_first_is_alive_until_its_last_thread_is(tmp_path: Path) -> None:
+    """A SIGKILLed node's leader thread can be a zombie while another thread is still exiting (busy in an fsync):
+    its files and their locks are not released yet, so its successor must not start (it found the input log
+    locked and failed)."""
+    process = subprocess.Popen([sys.executable, "-c", ZOMBIE_LEADER, str(tmp_path)], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == b"locked\n"
+        eventually(lambda: (launcher._proc_stat(process.pid) or ["gone"])[0] == "Z", "the leader a zombie")
+        assert _locked(tmp_path), "the remaining thread holds the lock"
+        assert launcher.is_alive(process.pid, launcher.start_time(process.pid))
+        process.kill()
+        eventually(lambda: not launcher.is_alive(process.pid, None), "the whole process gone")
+        assert not _locked(tmp_path)
+    finally:
+        process.kill()
+        process.wait()

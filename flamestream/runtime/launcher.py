@@ -286,7 +286,17 @@ def is_alive(pid: int, started: str | None) -> bool:
     fields = _proc_stat(pid)
     if fields is None:
         return started is None  # no /proc (not Linux): the pid is all we have
-    return fields[0] != "Z" and (started is None or fields[19] == started)
+    return (fields[0] != "Z" or _threads_left(pid)) and (started is None or fields[19] == started)
+
+
+def _threads_left(pid: int) -> bool:
+    """Whether a zombie ``pid`` still has threads: its leader exited first, and until the others do (one busy in
+    an fsync when SIGKILL came), the process's files stay open and their locks held.  Its successor, started at
+    once, found the input log still locked ("already open for writing") and failed."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 def _signal(pid: int, started: str | None, sig: signal.Signals) -> None:
