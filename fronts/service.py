@@ -373,11 +373,11 @@ class FrontService(rpc.FrontServicer):
                 more, route.deferred = route.deferred, []
                 if not more:
                     route.deferred = None
-                    if chunks and not await self._resend_chunk(route, chunks[-1], None):
-                        return
                     if not chunks:  # nothing at all to send: the floor goes now, or no report would ever pass it
                         route.resend_floor = None
                         await self._report(route)
+                    elif not await self._resend_chunk(route, chunks[-1], None):
+                        return
                     break
             meanwhile += len(more)
             pending = (chunks[-1] if chunks else []) + more
