@@ -30,7 +30,7 @@ PACKAGE = "flamestream.core"
 _HERE = Path(__file__).parent
 
 COMPILED = ("meta", "item", "hashing", "limits", "dead_letter", "payload", "grouping", "worker", "barrier", "acker",
-            "front", "local")
+            "front", "local", "columns")
 """The core modules setup.py compiles: what a record's processing runs through (issue 13's profiles, README
 "Performance"), the local runtime's loop included.  Not the oracle (the definition to compare with, not a hot path),
 nor what runs once per deploy (graph, plan, functions, tick)."""

@@ -1,0 +1,190 @@
+"""Item batches as columns and back: the per-item loops of the wire codec, compiled with the core.
+
+Why in the core: these loops run for every item that crosses a process
+boundary, twice (the sender flattens, the receiver checks and rebuilds), and
+as interpreted C-level passes (``zip``, ``set(map(type, ...))``, ``sum``) the
+checks alone cost more than unpickling the batch did.  mypyc turns each loop
+into C that tests a type with one pointer comparison, so the checked codec
+costs no more than unchecked pickle (``bench/codec.py``).  Pure: the framing
+(``flamestream.wire.codec``) stays with the wire.
+
+What a receiver must refuse, never raise on (an exception in a worker's
+processing loop stops the node), is every value it indexes with, compares or
+writes into a protobuf field: operation indexes, hashes, global times, traces,
+tombstone flags and, for a barrier, records.  ``MalformedColumns`` names the
+first bad one.  Payloads are any plain values and are not walked (see the
+codec's docstring).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flamestream.core.hashing import INT32_MAX, INT32_MIN
+from flamestream.core.meta import GlobalTime
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class MalformedColumns(ValueError):
+    """Columns a sender could not have written: the message says which value is wrong."""
+
+
+def flatten(entries: list[Any]) -> tuple[bool, list[Any], list[Any], list[Any], list[int], list[int], list[Any],
+                                          list[Any]] | None:
+    """``entries`` — all envelopes (operation, hash, item) or all items (payload, global time, trace, tombstone),
+    tuples or lists — as (are they envelopes, operations, hashes, payloads, times, time indexes, traces,
+    tombstones), or None if they are neither.
+
+    Everything a step made of one input shares that input's global time, so
+    a batch holds few distinct ones: each is written once, as two ints in
+    ``times``, and each item as an index into them.  Only what decoding
+    rebuilds rather than reads back is checked here (the global times: an
+    envelope or item given as a list comes back a tuple); every other value
+    is passed on as it is, so a wrong one reaches the receiver's checks.
+    """
+    ops: list[Any] = []
+    hashes: list[Any] = []
+    items: list[Any] = entries
+    envelopes = bool(entries) and _column(entries[0]) and len(entries[0]) == 3
+    if envelopes:
+        items = []
+        for given in entries:
+            envelope: tuple[Any, ...] = given if type(given) is tuple else _tuple(given)
+            if len(envelope) != 3:
+                return None
+            ops.append(envelope[0])
+            hashes.append(envelope[1])
+            items.append(envelope[2])
+    payloads: list[Any] = []
+    traces: list[Any] = []
+    tombstones: list[Any] = []
+    time_of: list[int] = []
+    times: list[int] = []
+    position: dict[GlobalTime, int] = {}
+    last: object = None
+    index = 0
+    for entry in items:
+        item: tuple[Any, ...] = entry if type(entry) is tuple else _tuple(entry)  # typed: indexed without lookups
+        if len(item) != 4:
+            return None
+        gt = item[1]
+        if gt is not last:  # neighbours mostly share a time: one pointer comparison instead of a hash lookup
+            if type(gt) is not GlobalTime:
+                return None
+            found = position.get(gt)
+            if found is None:
+                found = position[gt] = len(position)
+                times.append(gt[0])
+                times.append(gt[1])
+            index, last = found, gt
+        payloads.append(item[0])
+        time_of.append(index)
+        traces.append(item[2])
+        tombstones.append(item[3])
+    return envelopes, ops, hashes, payloads, times, time_of, traces, tombstones
+
+
+def envelopes_of(ops: Any, hashes: Any, payloads: Any, times: Any, time_of: Any, traces: Any,
+                 tombstones: Any) -> list[Any]:
+    """The envelopes ``flatten`` made columns of, every value a worker indexes with checked."""
+    items = items_of(payloads, times, time_of, traces, tombstones, -1)
+    op_column, hash_column = _list(ops), _list(hashes)
+    if len(op_column) != len(items) or len(hash_column) != len(items):
+        raise MalformedColumns("the columns of the batch differ in length")
+    out: list[Any] = []
+    for i in range(len(items)):
+        op = op_column[i]
+        if type(op) is not int or not 0 <= op <= INT32_MAX:
+            raise MalformedColumns("an operation index is not an int in 0..2**31-1")
+        h = hash_column[i]
+        if h is not None and (type(h) is not int or not INT32_MIN <= h <= INT32_MAX):
+            raise MalformedColumns("a hash is neither None nor an int32")
+        out.append((op, h, items[i]))
+    return out
+
+
+def items_of(payloads: Any, times: Any, time_of: Any, traces: Any, tombstones: Any, record_bytes: int) -> list[Any]:
+    """The items ``flatten`` made columns of, every value a receiver indexes with checked.
+
+    ``record_bytes`` >= 0: the items are a barrier's — each payload a
+    serialized record (bytes), or None for a tombstone — and their records
+    add up to no more than that many bytes (the message's size: a crafted
+    batch could otherwise reference one large record from every item, and the
+    barrier would append it to the topic once per item).  Negative: payloads
+    are any values.
+    """
+    payload_column, index_column, trace_column, tombstone_column = \
+        _list(payloads), _list(time_of), _list(traces), _list(tombstones)
+    if not len(payload_column) == len(index_column) == len(trace_column) == len(tombstone_column):
+        raise MalformedColumns("the columns of the batch differ in length")
+    gts = _global_times(_list(times))
+    count = len(gts)
+    records = record_bytes >= 0
+    total = 0
+    out: list[Any] = []
+    for i in range(len(payload_column)):
+        payload = payload_column[i]
+        tombstone = tombstone_column[i]
+        if type(tombstone) is not bool:
+            raise MalformedColumns("a tombstone flag is not a bool")
+        if records:
+            if payload is None:
+                if not tombstone:
+                    raise MalformedColumns("an item has no record but is not a tombstone")
+            elif type(payload) is not bytes:
+                raise MalformedColumns("an item's payload is neither a serialized record (bytes) nor None "
+                                       "(a tombstone)")
+            elif tombstone:
+                raise MalformedColumns("an item has a record but is a tombstone")
+            else:
+                total += len(payload)
+        trace = trace_column[i]
+        if type(trace) is not tuple:
+            raise MalformedColumns("a trace is not a tuple of ints")
+        marks: tuple[object, ...] = trace
+        for mark in marks:
+            if type(mark) is not int:
+                raise MalformedColumns("a trace is not a tuple of ints")
+        index = index_column[i]
+        if type(index) is not int or not 0 <= index < count:
+            raise MalformedColumns("an item refers to a global time the batch does not hold")
+        out.append((payload, gts[index], trace, tombstone))
+    if total > record_bytes >= 0:
+        raise MalformedColumns("the items' records add up to more bytes than the message (records shared by "
+                               "reference)")
+    return out
+
+
+def _global_times(times: list[Any]) -> list[GlobalTime]:
+    if len(times) % 2:
+        raise MalformedColumns("global times must be pairs of ints")
+    out: list[GlobalTime] = []
+    for i in range(0, len(times), 2):
+        ts = times[i]
+        front = times[i + 1]
+        if type(ts) is not int or type(front) is not int:
+            raise MalformedColumns("global times must be pairs of ints")
+        if not INT64_MIN <= ts <= INT64_MAX or not 0 <= front <= INT32_MAX:
+            raise MalformedColumns("a global time is out of range (timestamp: int64, front: 0..2**31-1)")
+        out.append(GlobalTime(ts, front))
+    return out
+
+
+def _column(value: Any) -> bool:
+    return type(value) is tuple or type(value) is list
+
+
+def _tuple(entry: Any) -> tuple[Any, ...]:
+    """An entry given as a list, as a tuple; anything else that is no tuple, as an empty (misshapen) one."""
+    return tuple(entry) if type(entry) is list else ()
+
+
+def _list(column: Any) -> list[Any]:
+    """A decoded column as a list, which compiled code indexes without a generic lookup (``flatten`` writes lists;
+    tuples are taken too); ``MalformedColumns`` for anything else."""
+    if type(column) is list:
+        return column
+    if type(column) is tuple:
+        return list(column)
+    raise MalformedColumns("a column of the batch is neither a list nor a tuple")
