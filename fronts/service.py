@@ -312,6 +312,13 @@ class FrontService(rpc.FrontServicer):
                 self.logger.info("tick %d takes over from tick %d at %s", tick.number, tick.previous, tick.start)
             else:
                 old, self._route, self._refusal = current, route, refusal
+                behind, self._behind = self._behind, None
+                if behind is not None and behind.resend is not None:
+                    # A tick that replaces the current one outright also ends an older tick's catching up: a
+                    # recovery re-sends whatever it had yet to send (all above the min time, so above the last
+                    # complete snapshot), and left as it was, its floor would hold back every report of the new
+                    # tick for as long as its dead route cannot send.  _close_when_caught_up closes it.
+                    behind.resend.cancel()
                 if route is not None:
                     self._clock.report(tick.start.ts)  # the tick covers times from its start on
                 if route is not None and tick.recovery:

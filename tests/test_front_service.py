@@ -584,6 +584,36 @@ def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluste
     asyncio.run(scenario())
 
 
+async def recovery_with_a_backlog(zookeeper: str, cluster_name: str, cluster: StandIns, stub: Any,
+                                  tick: Tick) -> tuple[list[list[GlobalTime]], int]:
+    """Five pushes of 600 events, then recovery tick 1 re-sending them: chunks are pushes 0-1, 2-3 and 4, and
+    the third waits for the min time, which the stand-in acker holds.  The pushes' times, and the floor the
+    recovery's reports stop at (the first time of the third chunk)."""
+    admitted: list[list[GlobalTime]] = []
+    for p in range(5):
+        batch = [event(f"push {p} line {i}") for i in range(600)]
+        admitted.append(times(await (push_once_deployed if p == 0 else push)(stub, batch)))
+        await asyncio.sleep(0.005)
+    await eventually(lambda: len(cluster.workers[0].envelopes()) + len(cluster.workers[1].envelopes()) == 3000,
+                     "every event at its worker")
+    await publish(zookeeper, cluster_name, dataclasses.replace(tick, number=1, previous=0, recovery=True).to_dict())
+    floor = admitted[4][0].ts
+    await eventually(lambda: len(cluster.acker.streams) == 2 and floor in cluster.acker.streams[1],
+                     "the recovery's report up to the third chunk")
+    return admitted, floor
+
+
+async def hand_over_then_push(zookeeper: str, cluster_name: str, stub: Any, log: Path,
+                              tick: Tick) -> tuple[Tick, GlobalTime]:
+    """Tick 2 takes over from tick 1 300 ms from now; one push after its start: the tick and the push's time."""
+    handover = dataclasses.replace(tick, number=2, previous=1, recovery=False, start=GlobalTime(now_ms() + 300, 0))
+    await publish(zookeeper, cluster_name, handover.to_dict())
+    await eventually(lambda: "tick 2 takes over from tick 1" in log.read_text(), "the hand-over announced")
+    await asyncio.sleep(max(0.0, (handover.start.ts - now_ms()) / 1000 + 0.01))
+    (after,) = times(await push(stub, [event("pushed after the switch")]))
+    return handover, after
+
+
 @slow
 def test_a_hand_over_while_a_recovery_catches_up_lets_it_send_the_rest(zookeeper: str, cluster_name: str,
                                                                        tmp_path: Path) -> None:
@@ -592,26 +622,9 @@ def test_a_hand_over_while_a_recovery_catches_up_lets_it_send_the_rest(zookeeper
     tick's reports wait for them: the acker's table spans ticks."""
     async def scenario() -> None:
         async with logged_front(zookeeper, cluster_name, tmp_path) as (cluster, stub, log, tick):
-            admitted: list[list[GlobalTime]] = []
-            for p in range(5):  # chunks are pushes 0-1, 2-3 and 4: the third waits for the min time
-                batch = [event(f"push {p} line {i}") for i in range(600)]
-                admitted.append(times(await (push_once_deployed if p == 0 else push)(stub, batch)))
-                await asyncio.sleep(0.005)
-            await eventually(lambda: len(cluster.workers[0].envelopes()) + len(cluster.workers[1].envelopes())
-                             == 3000, "every event at its worker")
-            recovery = dataclasses.replace(tick, number=1, previous=0, recovery=True)
-            await publish(zookeeper, cluster_name, recovery.to_dict())
-            floor = admitted[4][0].ts
-            await eventually(lambda: len(cluster.acker.streams) == 2 and floor in cluster.acker.streams[1],
-                             "the recovery's report up to the third chunk")
+            admitted, floor = await recovery_with_a_backlog(zookeeper, cluster_name, cluster, stub, tick)
             (deferred,) = times(await push(stub, [event("pushed while catching up")]))
-
-            handover = dataclasses.replace(tick, number=2, previous=1, recovery=False,
-                                           start=GlobalTime(now_ms() + 300, 0))
-            await publish(zookeeper, cluster_name, handover.to_dict())
-            await eventually(lambda: "tick 2 takes over from tick 1" in log.read_text(), "the hand-over announced")
-            await asyncio.sleep(max(0.0, (handover.start.ts - now_ms()) / 1000 + 0.01))
-            (after,) = times(await push(stub, [event("pushed after the switch")]))
+            handover, after = await hand_over_then_push(zookeeper, cluster_name, stub, log, tick)
             assert deferred < handover.start <= after
             await eventually(lambda: len(cluster.acker.streams) == 3 and cluster.acker.streams[2],
                              "a report of the new tick")
@@ -622,6 +635,31 @@ def test_a_hand_over_while_a_recovery_catches_up_lets_it_send_the_rest(zookeeper
             await eventually(lambda: "pushed while catching up" in payloads() and len(payloads()) == 2 * 3000 + 2,
                              "the rest of the re-send and the deferred push, after the switch")
             await eventually(lambda: cluster.acker.streams[2][-1] > after.ts, "the new tick's reports pass it all")
+
+    asyncio.run(scenario())
+
+
+@slow
+def test_a_recovery_after_a_hand_over_ends_the_old_ticks_catching_up(zookeeper: str, cluster_name: str,
+                                                                     tmp_path: Path) -> None:
+    """A recovery tick replaces every route, also one a hand-over left catching up: its floor must not cap the
+    recovery's reports while its re-send waits for a min time that never comes (its workers or acker died; here
+    the stand-in acker never advances)."""
+    async def scenario() -> None:
+        async with logged_front(zookeeper, cluster_name, tmp_path) as (cluster, stub, log, tick):
+            _, floor = await recovery_with_a_backlog(zookeeper, cluster_name, cluster, stub, tick)
+            _, switched = await hand_over_then_push(zookeeper, cluster_name, stub, log, tick)
+            await eventually(lambda: "switched to tick 2" in log.read_text(), "the switch, tick 1 still behind")
+
+            recovery = dataclasses.replace(tick, number=3, previous=2, recovery=True,
+                                           start=GlobalTime(switched.ts + 1, 0))
+            await publish(zookeeper, cluster_name, recovery.to_dict())
+            await eventually(lambda: "recovery: sent the 0 logged events" in log.read_text(), "the second re-send")
+            (after,) = times(await push(stub, [event("after the second recovery")]))
+            await eventually(lambda: len(cluster.acker.streams) == 4 and cluster.acker.streams[3]
+                             and max(cluster.acker.streams[3]) > after.ts,
+                             "a report of the second recovery past its push, beyond tick 1's floor")
+            assert floor < after.ts
 
     asyncio.run(scenario())
 
