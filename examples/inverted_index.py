@@ -10,14 +10,20 @@ Pages may arrive again as new revisions.  A first grouping keyed by page id
 (window 2) pairs each revision with the previous one, so the diff map emits
 only what changed — two chained groupings on real data.
 
-Payloads are never mutated: replays reuse them, so combine copies the posting
-dict it extends.
+Payloads are never mutated: replays reuse them, so combine copies what it
+changes.  A word's postings are one dict while the word is on few pages, and
+``SHARDS`` dicts once it is on many: a common word is on most pages, and
+copying its whole dict for every new page made combine quadratic (0.16 ms a
+posting at 12,000 pages, a fifth of a node's CPU in a 10-minute run); now a
+posting copies one shard.  Which shard a page goes to is ``zlib.crc32`` of its
+id — the same in every process, as a restored snapshot needs.
 """
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,8 +36,14 @@ STRESS_MARK = "\u0301"
 Page = dict[str, str]
 Posting = tuple[str, str, str, tuple[int, ...] | None]
 """("posting", word, page id, positions or None when the word left the page)."""
-Index = tuple[str, str, dict[str, tuple[int, ...]], Posting]
-"""("index", word, page id -> positions, the posting that produced this version)."""
+Postings = dict[str, tuple[int, ...]]
+"""Page id -> the word's positions on it."""
+Index = tuple[str, str, Postings | tuple[Postings, ...], Posting]
+"""("index", word, its postings — one dict, or ``SHARDS`` of them —, the posting that produced this version)."""
+
+SHARDS = 64
+SHARD_ABOVE = 512
+"""A word on more pages than this keeps its postings in ``SHARDS`` dicts (see the module docstring)."""
 
 
 def read_input(path: str) -> Iterator[Page]:
@@ -84,24 +96,53 @@ def combine(window: tuple[Any, ...]) -> list[Index]:
         (posting,) = window
         if posting[0] != "posting":
             return []
-        postings = {} if posting[3] is None else {posting[2]: posting[3]}
-        return [("index", posting[1], postings, posting)]
+        return [("index", posting[1], _applied({}, posting), posting)]
     index, posting = window
     if index[0] != "index" or posting[0] != "posting":
         return []
-    postings = dict(index[2])
-    if posting[3] is None:
-        postings.pop(posting[2], None)
+    return [("index", posting[1], _applied(index[2], posting), posting)]
+
+
+def _applied(postings: Postings | tuple[Postings, ...], posting: Posting) -> Postings | tuple[Postings, ...]:
+    """``postings`` with ``posting`` applied, copying only the dict it changes."""
+    _, _, page, where = posting
+    if isinstance(postings, dict):
+        changed = _set(postings, page, where)
+        if len(changed) <= SHARD_ABOVE:
+            return changed
+        shards: list[Postings] = [{} for _ in range(SHARDS)]
+        for other, found in changed.items():
+            shards[_shard(other)][other] = found
+        return tuple(shards)
+    sharded = list(postings)
+    i = _shard(page)
+    sharded[i] = _set(sharded[i], page, where)
+    return tuple(sharded)
+
+
+def _set(postings: Postings, page: str, where: tuple[int, ...] | None) -> Postings:
+    changed = dict(postings)
+    if where is None:
+        changed.pop(page, None)
     else:
-        postings[posting[2]] = posting[3]
-    return [("index", posting[1], postings, posting)]
+        changed[page] = where
+    return changed
+
+
+def _shard(page: str) -> int:
+    return zlib.crc32(page.encode("utf-8", "surrogatepass")) % SHARDS
+
+
+def pages_of(postings: Postings | tuple[Postings, ...]) -> int:
+    """How many pages the word is on."""
+    return len(postings) if isinstance(postings, dict) else sum(map(len, postings))
 
 
 def changelog(index: Index) -> list[dict[str, Any]]:
     """Accumulator map: the change this version of the word's index made."""
     _, word, postings, (_, _, page, where) = index
     return [{"word": word, "page": page, "positions": None if where is None else list(where),
-             "pages": len(postings)}]
+             "pages": pages_of(postings)}]
 
 
 def graph() -> Graph:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,32 @@ def test_revision_changelog_only_reports_changes() -> None:
         {"word": "match", "page": "1", "positions": [1], "pages": 1},
         {"word": "goal", "page": "1", "positions": None, "pages": 0},
     ]
+
+
+def test_a_word_on_many_pages_keeps_the_same_postings_once_they_are_sharded() -> None:
+    """Past ``SHARD_ABOVE`` pages a word's postings split into shards; adding, changing and removing pages then
+    gives the same postings and page counts as one dict would, and never touches an earlier version."""
+    rng = random.Random(3)
+    reference: dict[str, tuple[int, ...]] = {}
+    index: Any = None
+    versions: list[tuple[Any, dict[str, tuple[int, ...]]]] = []
+    for step in range(3 * inverted_index.SHARD_ABOVE):
+        page = str(rng.randrange(2 * inverted_index.SHARD_ABOVE))
+        where = None if step % 5 == 4 else (step, rng.randrange(100))
+        posting = ("posting", "w", page, where)
+        (index,) = inverted_index.combine((posting,) if index is None else (index, posting))
+        if where is None:
+            reference.pop(page, None)
+        else:
+            reference[page] = where
+        (record,) = inverted_index.changelog(index)
+        assert record["pages"] == len(reference)
+        versions.append((index, dict(reference)))
+    assert isinstance(index[2], tuple) and len(index[2]) == inverted_index.SHARDS, "the postings were sharded"
+    for version, expected in versions[:: inverted_index.SHARD_ABOVE // 4]:  # earlier versions are unchanged
+        postings = version[2]
+        merged = postings if isinstance(postings, dict) else {k: v for shard in postings for k, v in shard.items()}
+        assert merged == expected
 
 
 @pytest.mark.slow
