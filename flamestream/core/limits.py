@@ -12,7 +12,7 @@ core) and the services refuse exactly the same values.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Any
 
@@ -50,7 +50,7 @@ class OutputLimitError(Exception):
     """One item's map produced more than the graph allows: the item's dead letter (see ``bounded_outputs``)."""
 
 
-def bounded_outputs(results: Iterable[Any], max_count: int, max_bytes: int) -> list[Any]:
+def bounded_outputs(results: Iterable[Any], max_count: int, max_bytes: int) -> Sequence[Any]:
     """The outputs of one map call, or ``OutputLimitError`` if there are more than ``max_count`` of them or
     their estimated size exceeds ``max_bytes``.
 
@@ -63,7 +63,8 @@ def bounded_outputs(results: Iterable[Any], max_count: int, max_bytes: int) -> l
     be wrong data, a dead letter is visible.  Deterministic, so a tombstone
     of the item fails the same way and retracts the dead letter.
     """
-    outs = list(islice(results, max_count + 1))
+    # A list or tuple is taken as it is (the worker only reads it, at once); anything else is read up to the cap.
+    outs = results if type(results) is list or type(results) is tuple else list(islice(results, max_count + 1))
     if len(outs) > max_count:
         raise OutputLimitError(f"more than {max_count} outputs for one item (the graph's max_outputs)")
     if len(outs) < 2:

@@ -141,8 +141,9 @@ class LocalRuntime:
                     acker.ack(gt, r)
 
         def send(channel: Channel, entries: list[Any], gt_of: Any) -> None:
-            acks = {gt_of(e): rng.getrandbits(64) for e in entries}
-            for gt, r in acks.items():
+            acks = dict.fromkeys(map(gt_of, entries), 0)  # one ack per global time: a line's words share one
+            for gt in acks:
+                acks[gt] = r = rng.getrandbits(64)
                 acker.ack(gt, r)
             if channel not in channels:
                 channels[channel] = deque()
