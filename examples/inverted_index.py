@@ -132,7 +132,8 @@ def _set(postings: Postings, page: str, where: tuple[int, ...] | None) -> Postin
 
 
 def _shard(page: str) -> int:
-    return zlib.crc32(page.encode("utf-8", "surrogatepass")) % SHARDS
+    """Any page id a balancing function takes (``stable_hash`` takes ints too), the same in every process."""
+    return zlib.crc32(str(page).encode("utf-8", "surrogatepass")) % SHARDS
 
 
 def pages_of(postings: Postings | tuple[Postings, ...]) -> int:

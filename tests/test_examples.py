@@ -82,6 +82,15 @@ def test_a_word_on_many_pages_keeps_the_same_postings_once_they_are_sharded() ->
         assert merged == expected
 
 
+def test_page_ids_that_are_not_strings_are_sharded_too() -> None:
+    """``page_hash`` takes any id ``stable_hash`` does (events pushed as JSON may carry int ids)."""
+    index: Any = None
+    for page in range(inverted_index.SHARD_ABOVE + 2):
+        posting = ("posting", "w", page, (page,))
+        (index,) = inverted_index.combine((posting,) if index is None else (index, posting))
+    assert inverted_index.changelog(index)[0]["pages"] == inverted_index.SHARD_ABOVE + 2
+
+
 @pytest.mark.slow
 def test_inverted_index_on_shared_pages_matches_oracle(pages: list[dict[str, str]]) -> None:
     """4 workers, adversarial channel speeds: replays and retractions galore, same output as the oracle."""

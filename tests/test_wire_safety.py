@@ -273,6 +273,19 @@ def test_what_cannot_cross_is_named_when_encoded_and_wrong_shapes_are_refused_wh
     assert codec.decode_batch(codec.encode_batch([], {G: 5}, 0)) == ([], {G: 5})
 
 
+def test_a_sender_bug_in_a_global_time_is_refused_by_the_receiver_never_passed_on_as_another_time() -> None:
+    """The encoder rebuilds global times, so it must not let a wrong one through as its neighbour's time: an
+    item whose time is None after (or before) a good one, or a time of floats, is refused by every decoder."""
+    good = (0, None, ("a", G, (0,), False))
+    for entries in ([(0, None, ("b", None, (0,), False)), good], [good, (0, None, ("b", None, (0,), False))]):
+        with pytest.raises(codec.BatchError, match="nor an item"):
+            codec.decode_envelopes(codec.encode_batch(entries, {}, 0))
+    with pytest.raises(codec.BatchError, match="pairs of ints"):
+        codec.decode_envelopes(codec.encode_batch([(0, None, ("a", GlobalTime(1.5, 0), (0,), False))], {}, 0))
+    as_tuple = codec.encode_batch((good,), {}, 0)  # type: ignore[arg-type]  # a caller's tuple of entries
+    assert codec.decode_envelopes(as_tuple)[0] == [good]
+
+
 # -- the handlers, in-process --------------------------------------------------------------------------------
 
 async def requests(*batches: pb.ItemBatch) -> AsyncIterator[pb.ItemBatch]:

@@ -26,6 +26,11 @@ from flamestream.core.meta import GlobalTime
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
+_NO_TIME = object()
+"""What ``flatten`` compares an item's time with before the first: nothing an item holds (None would let an item
+whose time is None pass unchecked as the previous item's time)."""
+
+
 class MalformedColumns(ValueError):
     """Columns a sender could not have written: the message says which value is wrong."""
 
@@ -60,9 +65,9 @@ def flatten(entries: list[Any]) -> tuple[bool, list[Any], list[Any], list[Any], 
     traces: list[Any] = []
     tombstones: list[Any] = []
     time_of: list[int] = []
-    times: list[int] = []
+    times: list[Any] = []  # not list[int]: a GlobalTime of other values is written as it is, and refused on receipt
     position: dict[GlobalTime, int] = {}
-    last: object = None
+    last: object = _NO_TIME
     index = 0
     for entry in items:
         item: tuple[Any, ...] = entry if type(entry) is tuple else _tuple(entry)  # typed: indexed without lookups
@@ -75,8 +80,7 @@ def flatten(entries: list[Any]) -> tuple[bool, list[Any], list[Any], list[Any], 
             found = position.get(gt)
             if found is None:
                 found = position[gt] = len(position)
-                times.append(gt[0])
-                times.append(gt[1])
+                times.extend(gt)  # as they are: compiled, gt.ts would raise TypeError for a non-int
             index, last = found, gt
         payloads.append(item[0])
         time_of.append(index)

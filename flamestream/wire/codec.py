@@ -24,8 +24,9 @@ through ``copyreg``, the costliest part of encoding a batch), and the
 per-item work — flattening, then checking and rebuilding on receipt — is one
 loop each in ``flamestream.core.columns``, compiled with the core.
 ``bench/codec.py`` measures the codec against pickle on real traffic: with the
-compiled core it is faster (word count 0.71x pickle's time, inverted index
-0.89x), with the pure-Python fallback slower (1.2x and 1.6x).
+compiled core it is faster on word count (0.71-0.83x pickle's time) and on a
+par on the inverted index (0.89-1.05x over four runs), with the pure-Python
+fallback slower (1.2x and 1.6x).
 
 Why the decoders check: a receiver must refuse a bad batch (``BatchError``, a
 ``ValueError`` with the reason), never raise on it — an exception in a
@@ -131,7 +132,7 @@ def encode_batch(entries: list[Any], acks: dict[GlobalTime, int], sender: int) -
     that — a sender's bug shows up at the receiver the way a crafted batch
     does, through the one path that must handle both.
     """
-    flat = columns.flatten(entries)
+    flat = columns.flatten(entries if type(entries) is list else list(entries))  # compiled, it takes lists only
     if flat is None:
         body: tuple[Any, ...] = (_MALFORMED, _misshapen(entries))
     elif not entries:
