@@ -35,7 +35,7 @@ class MalformedColumns(ValueError):
     """Columns a sender could not have written: the message says which value is wrong."""
 
 
-def flatten(entries: list[Any]) -> tuple[bool, list[Any], list[Any], list[Any], list[int], list[int], list[Any],
+def flatten(entries: list[Any]) -> tuple[bool, list[Any], list[Any], list[Any], list[Any], list[int], list[Any],
                                           list[Any]] | None:
     """``entries`` — all envelopes (operation, hash, item) or all items (payload, global time, trace, tombstone),
     tuples or lists — as (are they envelopes, operations, hashes, payloads, times, time indexes, traces,
