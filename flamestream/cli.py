@@ -705,7 +705,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         print(f"flamestream: no cluster is recorded in {data_dir}; nothing to stop", file=sys.stderr)
         return 0
     try:
-        busy = launcher.stop_cluster(state)
+        busy = launcher.stop_cluster(state, data_dir)
     except launcher.StopError as exc:
         raise NotRunning(f"{exc}; {launcher.state_path(data_dir)} is kept") from None
     launcher.state_path(data_dir).unlink(missing_ok=True)

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,20 @@ def test_a_restart_is_a_warm_spare_that_becomes_the_node(cluster_dir: Path, zook
     for pid in remaining:
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).wait(10)  # raises TimeoutExpired if a spare outlives its supervisor
+
+
+def test_stopping_from_the_state_read_at_up_also_stops_a_node_restarted_since(cluster_dir: Path, zookeeper: str,
+                                                                              cluster_name: str) -> None:
+    """A bench stops its cluster with the state ``up`` returned; a node the supervisor restarted after that runs
+    under a pid only the state file knows, and was once left running (using CPU in the next bench's run)."""
+    at_up = launcher.ClusterState.from_json(json.dumps(_up(cluster_dir, zookeeper, cluster_name)))
+    os.kill(_node(asdict(at_up), "node1")["pid"], signal.SIGKILL)
+    restarted = eventually(lambda: (node := _node(json.loads((cluster_dir / "cluster.json").read_text()), "node1"))
+                           ["restarts"] == 1 and node, "node1's restart")
+    assert launcher.is_alive(restarted["pid"], restarted["started"])
+    launcher.stop_cluster(at_up, cluster_dir)
+    assert not launcher.is_alive(restarted["pid"], restarted["started"])
+    assert not launcher.alive_processes(at_up)
 
 
 def test_a_spare_runs_the_command_it_is_handed_and_a_dead_one_is_refused(tmp_path: Path) -> None:

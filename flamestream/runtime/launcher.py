@@ -364,20 +364,28 @@ def _port_free(address: str) -> bool:
         return True
 
 
-def stop_cluster(state: ClusterState) -> list[str]:
+def stop_cluster(state: ClusterState, data_dir: Path) -> list[str]:
     """Stop every recorded process, ZooKeeper last; returns addresses still bound afterwards.
 
     Services go first so they can close their ZooKeeper sessions (and drop
     their ephemeral membership) while ZooKeeper is still there to hear it.
+    The supervisor goes before them, and then the state file in ``data_dir``
+    is read again: a node it restarted since ``state`` was read (a bench's
+    state is read at ``up``) runs under a pid only the file knows, and was
+    once left running after the rest had stopped.
     Raises StopError if a process survives SIGKILL or cannot be signalled.
     """
-    supervisor = [p for p in state.processes if p.role == SUPERVISOR]
-    services = [p for p in state.processes if p.role not in (ZOOKEEPER, SUPERVISOR)]
-    zookeeper = [p for p in state.processes if p.role == ZOOKEEPER]
-    _stop_group(supervisor, SERVICE_GRACE)  # first, or it would restart what is being stopped
+    _stop_group([p for p in state.processes if p.role == SUPERVISOR], SERVICE_GRACE)  # or it restarts the rest
+    processes = list(state.processes)
+    with contextlib.suppress(ValueError):  # a damaged file: what ``state`` holds is all there is
+        latest = load_state(data_dir)
+        known = {(p.pid, p.started) for p in processes}
+        processes += [p for p in latest.processes if (p.pid, p.started) not in known] if latest else []
+    services = [p for p in processes if p.role not in (ZOOKEEPER, SUPERVISOR)]
+    zookeeper = [p for p in processes if p.role == ZOOKEEPER]
     _stop_group(services, SERVICE_GRACE)
     _stop_group(zookeeper, ZOOKEEPER_GRACE)
-    addresses = [p.address for p in state.processes if p.address]
+    addresses = sorted({p.address for p in processes if p.address})
     deadline = time.monotonic() + 5.0
     while True:
         busy = [a for a in addresses if not _port_free(a)]
@@ -619,7 +627,7 @@ def start_cluster(options: UpOptions) -> ClusterState:
                                                     *hang, *spares])
     except BaseException:
         with contextlib.suppress(StopError):
-            stop_cluster(state)
+            stop_cluster(state, data_dir)
         state_path(data_dir).unlink(missing_ok=True)
         raise
     return state

@@ -45,7 +45,7 @@ class Flamestream:
             with Client(self._state.zookeeper, self._state.cluster, credentials=self._credentials) as client:
                 client.deploy(workload.graph())
         except BaseException:
-            launcher.stop_cluster(self._state)  # the runner only closes a system whose set-up succeeded
+            launcher.stop_cluster(self._state, data_dir)  # the runner only closes a system whose set-up succeeded
             raise
 
     def run(self, pacer: Pacer, tracker: Tracker) -> dict[str, Any]:
@@ -74,7 +74,7 @@ class Flamestream:
             tracker.observe([record.payload for record in batch])
 
     def close(self) -> None:
-        launcher.stop_cluster(self._state)
+        launcher.stop_cluster(self._state, self._spec.workdir / "cluster")
 
 
 class FlamestreamSeparate(Flamestream):
