@@ -17,6 +17,7 @@ missing steps, so some paths lag far behind and replays/retractions pile up.
 
 from __future__ import annotations
 
+import gc
 import random
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -81,6 +82,17 @@ class RunResult:
     """The merged state each hand-over carried, at its boundary."""
 
 
+YOUNG_EVERY = 1 << 14
+"""Scheduler steps between collections of the youngest generation while a run pauses the collector.
+
+Why pause it: a run allocates a tuple or two per item and hop (items, metas,
+traces), and the collector's automatic passes over them were 10-15 % of the
+runtime's CPU on word count (perf, bench/local.py) while finding nothing: the
+runtime's own objects form no cycles and are freed by reference counting.
+Cycles that business logic makes are still found — by this pass, and by the
+collector's own once the run ends — so memory stays bounded."""
+
+
 def _below(rng: random.Random, n: int) -> int:
     """A uniform choice in ``range(n)`` from one C-level ``random()`` call: ``Random.choice`` and ``randint`` run
     several Python-level calls each, a tenth of the whole local runtime's time on word count (bench/local.py).
@@ -109,6 +121,16 @@ class LocalRuntime:
         return self.run_stamped(stamp_inputs(list(payloads), self.fronts, self.per_ms))
 
     def run_stamped(self, stamped: list[Stamped]) -> RunResult:
+        """Run ``stamped`` events to completion, with the cyclic garbage collector paused (see ``YOUNG_EVERY``)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run_stamped(stamped)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _run_stamped(self, stamped: list[Stamped]) -> RunResult:
         rng = self.rng
         plan, layout = self.plan, self.layout
         handovers = deque(self.handovers)
@@ -188,6 +210,8 @@ class LocalRuntime:
                 break
             choice = candidates[_below(rng, len(candidates))]
             stats.steps += 1
+            if not stats.steps % YOUNG_EVERY:
+                gc.collect(0)
             if isinstance(choice, tuple):
                 front = choice[1]
                 queue = pending[front]
