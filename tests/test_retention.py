@@ -285,19 +285,26 @@ def test_a_damaged_hand_over_snapshot_falls_back_to_an_older_one_or_refuses(
     newest_files = write_complete(tmp_path, store, state_at(graph, stamped, at), at)
     service = WorkerService(0, LocalEndpoints(), store, tmp_path)  # type: ignore[arg-type]
     tick = Tick(number=1, start=at, graph=graph.to_dict(), layout=Layout.even(2), previous=0)
-    previous = {"graph": graph.to_dict(), "workers": ["a", "b"]}
+    previous = {"graph": graph.to_dict(), "workers": ["a", "b"], "layout": list(Layout.even(2).starts)}
     complete = [boundary_name(oldest), boundary_name(older), boundary_name(at)]
-    expected = comparable(state_at(graph, stamped, at))
+    whole = state_at(graph, stamped, at)
+    expected = comparable(whole)
+    own = comparable({name: [b for b in buckets if Layout.even(2).owner(b[0]) == 0] for name, buckets in whole.items()})
+    assert own != expected
 
     state, files, how = service._handed_over(tick, 0, previous, complete)
-    assert (comparable(state), files, how) == (expected, 2, "")  # intact: the snapshot below T itself
+    assert (comparable(state), files, how) == (own, 1, "")  # intact: its own file of the snapshot below T
 
-    flip(newest_files[1])
+    flip(newest_files[1])  # another worker's file: not read by this one
+    assert service._handed_over(tick, 0, previous, complete)[1:] == (1, "")
+
+    flip(newest_files[0])
     with caplog.at_level(logging.WARNING):
         state, files, how = service._handed_over(tick, 0, previous, complete)
-    assert comparable(state) == expected and f"older snapshot below {boundary_name(older)}" in how
+    # rebuilt from an older snapshot: all of it, as re-processing the events crosses ranges
+    assert comparable(state) == expected and f"older snapshot below {boundary_name(older)}" in how and files == 2
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(str(newest_files[1]) in w and "is corrupted: its checksum does not match" in w for w in warnings)
+    assert any(str(newest_files[0]) in w and "is corrupted: its checksum does not match" in w for w in warnings)
     assert any("from its older snapshot below" in w for w in warnings)
 
     older_files[0].write_bytes(older_files[0].read_bytes()[:100])  # torn: the next older one is used then
@@ -331,7 +338,8 @@ def test_a_fallback_without_the_events_in_between_is_refused(tmp_path: Path) -> 
     service = WorkerService(0, LocalEndpoints(), store, tmp_path)  # type: ignore[arg-type]
     tick = Tick(number=1, start=at, graph=graph.to_dict(), layout=Layout.even(2), previous=0)
     with pytest.raises(RuntimeError, match=rf"{boundary_name(older)}: .*retention deleted this input log's events"):
-        service._handed_over(tick, 0, {"graph": graph.to_dict(), "workers": ["a", "b"]},
+        service._handed_over(tick, 0, {"graph": graph.to_dict(), "workers": ["a", "b"],
+                                       "layout": list(Layout.even(2).starts)},
                              [boundary_name(older), boundary_name(at)])
 
 
