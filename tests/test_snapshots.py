@@ -25,7 +25,6 @@ from flamestream.storage.snapshots import (
     snapshot_path,
     write_snapshot,
 )
-from flamestream.workers.service import SNAPSHOT_DUTY, spaced
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=2**70),
                     st.floats(allow_nan=False), st.text(), st.binary(max_size=20))
@@ -223,15 +222,3 @@ def test_chunks_written_one_after_another_decode_in_order() -> None:
     assert values.decode_all(b"".join(each[1:] + each[:1])) == [shared, "y", [shared, {shared: [shared]}]]
     with pytest.raises(ValueError, match="2 values"):
         values.decode(b"".join(parts[:2]))
-
-
-def test_periodic_snapshots_are_spaced_by_what_the_last_write_cost() -> None:
-    """A write of the whole state grows with it; the next periodic snapshot waits ``SNAPSHOT_DUTY`` times the
-    last write's seconds, so writing takes at most about a tenth of the time — and a cheap write waits for
-    nothing beyond the snapshot interval (the boundaries are that far apart already)."""
-    last = GlobalTime(10_000, 0)
-    assert spaced(GlobalTime(11_000, 0), last, 0.0)  # a small state: every boundary
-    assert spaced(GlobalTime(11_000, 0), last, 0.1)  # a write of 0.1 s: one a second
-    assert not spaced(GlobalTime(12_000, 0), last, 0.25)  # 0.25 s: not for 2.5 s
-    assert spaced(GlobalTime(12_500, 0), last, 0.25)
-    assert SNAPSHOT_DUTY == 10

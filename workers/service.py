@@ -72,13 +72,6 @@ LOAD_REPORT_EVERY = 2.0
 MEMORY_CHECK_EVERY = 1.0
 """Seconds between looks at the process's memory against ``--memory-budget-mb``."""
 
-SNAPSHOT_DUTY = 10
-"""A periodic snapshot waits until the min time passed this many times its last write's seconds since the one
-before (and at least the snapshot interval).  Why: each file is the whole state, so its write grows with it — an
-inverted index of 6,000 pages was 45 MB a worker, 0.13-0.3 s of CPU a write, and one a second took a quarter of a
-core that the stream needed.  So the writes take at most about a tenth of the time; what a recovery re-sends grows
-by as much (the events since the last snapshot), and at that size re-sending costs less than writing every second."""
-
 SNAPSHOT_POLL = 0.05
 """Seconds between looks at ZooKeeper while a new tick waits for its previous tick's snapshot to complete."""
 SNAPSHOT_WAIT_WARNING = 10.0
@@ -140,12 +133,6 @@ def _meets(layout: Layout, member: str, lo: int, hi: int) -> bool:
     return first <= hi and lo <= last
 
 
-def spaced(boundary: GlobalTime, last: GlobalTime, write_seconds: float) -> bool:
-    """Whether a periodic snapshot below ``boundary`` is far enough after the one below ``last``, whose write took
-    ``write_seconds``: ``SNAPSHOT_DUTY`` times that, in global time (milliseconds)."""
-    return boundary.ts - last.ts >= SNAPSHOT_DUTY * write_seconds * 1000
-
-
 class _Deployment:
     """One tick on this worker: its core, its streams, and the envelopes waiting for its state."""
 
@@ -198,8 +185,6 @@ class WorkerService(rpc.WorkerServicer):
         self._watch = Channels(local)
         self._min_time_task: asyncio.Task[None] | None = None
         self._writing: asyncio.Task[None] | None = None
-        self._write_seconds = 0.0
-        """Wall-clock seconds the last periodic snapshot took to write (see ``SNAPSHOT_DUTY``)."""
         self._swept_ticks = 0
         """Ticks below this number have had their snapshots deleted by ``_retain`` (none are written any more)."""
         self.supervisor: Supervisor | None = None
@@ -431,12 +416,10 @@ class WorkerService(rpc.WorkerServicer):
                 previous.core.on_min_time(min_time)
         if current is not None and current.restored.is_set():
             boundary = self._boundary(min_time)
-            # Only when the min time first passes a boundary (no trim passed it yet), not while the previous
-            # snapshot is being written, and not sooner after it than ``SNAPSHOT_DUTY`` allows (such a boundary
-            # is skipped; the changes wait for the next one).
+            # Only when the min time first passes a boundary (no trim passed it yet), and not while the previous
+            # snapshot is being written (that boundary is skipped; the changes wait for the next one).
             if boundary is not None and current.trimmed <= boundary and boundary > current.snapshotted and (
-                    self._writing is None or self._writing.done()) and spaced(boundary, current.snapshotted,
-                                                                                self._write_seconds):
+                    self._writing is None or self._writing.done()):
                 current.snapshotted = boundary
                 if current.image is None:  # the last write failed, perhaps halfway: rebuild from the whole state
                     current.image = SnapshotImage()
@@ -461,13 +444,11 @@ class WorkerService(rpc.WorkerServicer):
         next one rebuilds the image from the whole state, and the worker is SERVING again once one succeeds."""
         image = deployment.image
         assert image is not None and self.supervisor is not None
-        started = time.monotonic()
         try:
             await self._write(deployment, boundary, functools.partial(_write_changes, image, changes))
         except Exception:
             deployment.image = None
             raise
-        self._write_seconds = time.monotonic() - started
         await self.supervisor.recovered(self.name, "snapshot below")
 
     async def _write(self, deployment: _Deployment, boundary: GlobalTime, write: Callable[..., SnapshotInfo]) -> None:
