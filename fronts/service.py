@@ -453,7 +453,8 @@ class FrontService(rpc.FrontServicer):
             route.broken = f"{exc}; waiting for a new tick"
             self.logger.error("%s", route.broken)
             if self._supervisor is not None:  # a dead peer: the node restarts at once, for the recovery
-                self._supervisor.peer_lost(f"front{self.front_id}", str(exc), exc)
+                self._supervisor.peer_lost(f"front{self.front_id}", str(exc), exc,
+                                           lambda: route in (self._route, self._next, self._behind))
 
     # -- pushes ------------------------------------------------------------------
 

@@ -207,6 +207,38 @@ def test_a_broken_stream_to_a_live_peer_waits_for_the_stream_timeout() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("back", [False, True])
+def test_a_front_whose_route_stays_broken_against_a_live_peer_stops_the_node_after_the_timeout(
+        back: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A front does not fail over a broken stream: it marks its route broken and waits for a new tick.  If the
+    peer still listens (its restart's handshake broke the stream) and no tick comes, the node stops after the
+    stream timeout — it once waited for the acker's stall watch, 30 s — and not if the route was replaced."""
+    async def scenario() -> bool:
+        server = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", 0)
+        peer = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        supervisor = Supervisor(health.aio.HealthServicer(), stream_timeout=0.5)
+        broken = [True]
+        supervisor.peer_lost("front0", f"stream to worker 1 at {peer} broke", StreamBroken("broke", peer),
+                             lambda: broken[0])
+        if back:
+            broken[0] = False  # a new tick replaced the route
+        fatal = asyncio.create_task(supervisor.fatal.wait())
+        done, _ = await asyncio.wait([fatal], timeout=5.0)  # the probes (1 s) and the timeout, with room
+        fatal.cancel()
+        await supervisor.stop()
+        server.close()
+        await server.wait_closed()
+        return bool(done)
+
+    with caplog.at_level(logging.WARNING):
+        stopped = asyncio.run(scenario())
+    assert any("still accepts connections: waiting up to 0.5s" in r.getMessage() for r in caplog.records)
+    assert stopped is not back
+    if stopped:
+        (record,) = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+        assert "it did not come back within 0.5s" in record.getMessage()
+
+
 @pytest.mark.slow
 def test_a_node_exits_1_naming_the_acker_whose_stream_broke(zookeeper: str, cluster_name: str,
                                                             tmp_path: Path) -> None:

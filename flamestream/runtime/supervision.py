@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from grpc_health.v1 import health, health_pb2
@@ -92,16 +92,23 @@ class Supervisor:
                 self.stream_timeout, self._not_back, role, f"{what}: {error}")
             self.peer_lost(role, f"{what}: {error}", error)
 
-    def peer_lost(self, role: str, broken: str, error: StreamBroken) -> None:
+    def peer_lost(self, role: str, broken: str, error: StreamBroken,
+                  still_broken: Callable[[], bool] | None = None) -> None:
         """Stop the node at once if nothing listens at the broken stream's peer any more: that process died, and
         the stream cannot come back.  Waiting out ``stream_timeout`` would only delay the recovery, which needs
-        this node restarted too; exiting now lets it start alongside the dead peer's restart, not after it."""
+        this node restarted too; exiting now lets it start alongside the dead peer's restart, not after it.
+
+        ``still_broken``: for a role that does not fail over a broken stream (a front marks its route broken and
+        waits for a new tick), whether it still is; if it is ``stream_timeout`` seconds later, the node stops.
+        Without it, a front whose stream broke against a peer that went on listening (a restarted node's
+        handshake) waited for the acker's stall watch, 30 s, with the log promising 10."""
         if error.peer and self.stream_timeout > 0:
-            probe = asyncio.create_task(self._exit_if_gone(role, broken, error.peer))
+            probe = asyncio.create_task(self._exit_if_gone(role, broken, error.peer, still_broken))
             self._side_tasks.add(probe)
             probe.add_done_callback(self._side_tasks.discard)
 
-    async def _exit_if_gone(self, role: str, broken: str, peer: str) -> None:
+    async def _exit_if_gone(self, role: str, broken: str, peer: str,
+                            still_broken: Callable[[], bool] | None = None) -> None:
         gone = False
         try:
             for _ in range(PROBES):  # a dying process's listener may still accept for a moment after its streams broke
@@ -114,6 +121,10 @@ class Supervisor:
         if not gone:
             role_logger(role).warning("%s still accepts connections: waiting up to %gs for the stream to come back",
                                       peer, self.stream_timeout)
+            if still_broken is not None:
+                await asyncio.sleep(self.stream_timeout)
+                if still_broken() and not self.stopping:
+                    self.fail(role, f"{broken}; it did not come back within {self.stream_timeout:g}s", essential=True)
         elif not self.stopping:
             self.fail(role, f"{broken}; {peer} refuses connections: the process there is gone", essential=True)
 
