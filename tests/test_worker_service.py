@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import socket
 import subprocess
 import sys
@@ -117,8 +119,10 @@ def test_worker_splits_output_into_batches_of_at_most_batch_items(zookeeper: str
 
 
 def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: str) -> None:
-    """No fault tolerance yet: a worker whose barrier is gone must exit non-zero, not idle holding the min time,
-    and say why in its log, with the traceback."""
+    """A worker whose barrier (and acker) is gone must exit non-zero, not idle holding the min time, and say why
+    in its log, with the traceback.  Which of its streams it finds broken first — the barrier's, when it delivers
+    the batch, or the acker's min-time watch — is a race; so is whether the batch's call still gets its answer
+    (under load the node was gone first, and the call ended UNAVAILABLE)."""
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
@@ -133,13 +137,13 @@ def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: s
                                     workers=(address,), fronts=(0,), acker=dead, barriers=((0, dead),)).to_dict())
         plan = compile_graph(wordcount.graph())
         gt = GlobalTime(1, 0)
-        with grpc.insecure_channel(address) as channel:
+        with grpc.insecure_channel(address) as channel, contextlib.suppress(grpc.RpcError):
             rpc.WorkerStub(channel).Exchange(iter([codec.encode_batch(
                 [(plan.entry, plan.entry_balance("a b"), ("a b", gt, (0,), False))], codec.new_acks([gt]), -1)]))
         _, stderr = worker.communicate(timeout=60)
         assert worker.returncode not in (0, None)
-        assert "CRITICAL node-worker0 worker0: processing loop failed; worker0 is NOT_SERVING and the node stops" \
-            in stderr, stderr
+        assert re.search(r"CRITICAL node-worker0 worker0: .*; worker0 is NOT_SERVING and the node stops", stderr), \
+            stderr
         assert "Traceback" in stderr and "StreamBroken" in stderr
     finally:
         if worker.poll() is None:
