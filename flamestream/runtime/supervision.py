@@ -121,16 +121,17 @@ class Supervisor:
         if not gone:
             role_logger(role).warning("%s still accepts connections: waiting up to %gs for the stream to come back",
                                       peer, self.stream_timeout)
-            if still_broken is not None:
-                await asyncio.sleep(self.stream_timeout)
-                if still_broken() and not self.stopping:
-                    self.fail(role, f"{broken}; it did not come back within {self.stream_timeout:g}s", essential=True)
+            if still_broken is not None and role not in self._broken:
+                self._broken[role] = asyncio.get_running_loop().call_later(
+                    self.stream_timeout, self._not_back, role, broken, still_broken)
         elif not self.stopping:
             self.fail(role, f"{broken}; {peer} refuses connections: the process there is gone", essential=True)
 
-    def _not_back(self, role: str, broken: str) -> None:
+    def _not_back(self, role: str, broken: str, still_broken: Callable[[], bool] | None = None) -> None:
+        """``stream_timeout`` after ``role``'s stream broke: stop the node if the role still failed — or, for a
+        role that does not fail over it (``peer_lost``), if ``still_broken`` says so."""
         del self._broken[role]
-        if role in self.failures and not self.stopping:
+        if (still_broken() if still_broken is not None else role in self.failures) and not self.stopping:
             self.fail(role, f"{broken}; it did not come back within {self.stream_timeout:g}s", essential=True)
 
     def fail(self, role: str, reason: str, error: BaseException | None = None, essential: bool = False) -> None:
