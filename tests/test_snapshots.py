@@ -215,10 +215,39 @@ def test_a_format_1_file_still_reads(tmp_path: Path) -> None:
 
 def test_chunks_written_one_after_another_decode_in_order() -> None:
     shared = (1, "x")
-    parts = [values.encode([shared, {shared: [shared]}]) for _ in range(3)]  # memoized references in each
+    parts = [pickle.dumps([shared, {shared: [shared]}], pickle.HIGHEST_PROTOCOL) for _ in range(3)]  # memo refs
     assert values.decode_all(b"".join(parts)) == [[shared, {shared: [shared]}]] * 3
-    each = list(values.encode_each([[shared, {shared: [shared]}], shared, "y"]))  # one pickler, memo cleared
+    each = list(values.encode_each([[shared, {shared: [shared]}], shared, "y"]))  # one pickler
     assert [values.decode(part) for part in each] == [[shared, {shared: [shared]}], shared, "y"]
     assert values.decode_all(b"".join(each[1:] + each[:1])) == [shared, "y", [shared, {shared: [shared]}]]
     with pytest.raises(ValueError, match="2 values"):
         values.decode(b"".join(parts[:2]))
+
+
+def test_a_value_whose_parts_are_shared_many_times_over_is_written_once_per_part() -> None:
+    """Without the memo, ``a = [a, a]`` sixty times over is 2**60 paths: the encoder must notice it spilling and
+    write it with the memo, in a few hundred bytes, sharing kept."""
+    dag: list[Any] = [0]
+    for _ in range(60):
+        dag = [dag, dag]
+    encoded = values.encode(dag)
+    assert len(encoded) < 2000
+    level = values.decode(encoded)
+    for _ in range(60):
+        assert len(level) == 2 and level[0] is level[1]
+        level = level[0]
+    assert level == [0]
+    cycle: list[Any] = [1]
+    cycle.append(cycle)
+    back = values.decode(values.encode(cycle))
+    assert back[0] == 1 and back[1] is back
+
+
+def test_a_value_past_the_fast_limit_is_written_again_with_the_memo_and_the_next_ones_are_not_harmed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    big = [f"word{i}" for i in range(1000)]
+    monkeypatch.setattr(values, "FAST_LIMIT", 500)
+    parts = list(values.encode_each([["small"], big, ("after", 1), {"x": big[:3]}]))
+    assert values.decode_all(b"".join(parts)) == [["small"], big, ("after", 1), {"x": big[:3]}]
+    with pytest.raises(ValueError, match="type object cannot be encoded"):
+        values.encode([object()] + big)  # not plain: refused on the memo path too

@@ -42,8 +42,6 @@ payloads is ``flamestream.core.payload``'s concern.
 from __future__ import annotations
 
 import inspect
-import io
-import pickle
 import random
 import reprlib
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -145,16 +143,10 @@ def encode_batch(entries: list[Any], acks: dict[GlobalTime, int], sender: int) -
 
 
 def _encode(body: tuple[Any, ...]) -> bytes:
-    """``values.encode`` without the memo (pickle's "fast" mode): it saves a third of the encoding, a batch
-    holds no shared objects worth a reference (the times are already unique), and decoding is the same."""
-    out = io.BytesIO()
-    pickler = values._PlainPickler(out, protocol=pickle.HIGHEST_PROTOCOL)  # one definition of "plain" (values)
-    pickler.fast = True
     try:
-        pickler.dump(body)
-    except (pickle.PicklingError, RecursionError, ValueError) as exc:  # ValueError: not plain, or a cycle
+        return values.encode(body)  # one definition of "plain", and of when the memo is needed
+    except ValueError as exc:
         raise BatchError(f"cannot encode the batch: {exc}") from exc
-    return out.getvalue()
 
 
 def _misshapen(entries: list[Any]) -> str:
