@@ -83,6 +83,8 @@ class AckerService(pb_grpc.AckerServicer):
     def __init__(self) -> None:
         self._table: AckTable | None = None
         self._fronts: frozenset[int] = frozenset()
+        self._tick: int | None = None
+        """The latest tick this table runs for (a hand-over carries the table on to its tick)."""
         self._min: GlobalTime | None = None
         """The newest min time: where a new watcher starts."""
         self._published: GlobalTime | None = None
@@ -97,20 +99,32 @@ class AckerService(pb_grpc.AckerServicer):
         """The stall watch's view of the current table (None: it starts afresh at its next look)."""
 
     def deploy(self, tick: Tick) -> None:
-        """Start tick ``tick`` with an empty table, or, for a hand-over with the same fronts, keep the table.
+        """Start tick ``tick`` with an empty table, or, for a hand-over from the tick this table runs with the
+        same fronts, keep the table.
 
         The table is indexed by global time, not by tick: during a hand-over
         the previous tick's items (below the new tick's start) and the new
         tick's are tracked side by side, and the min time passing the start
         is what tells the previous tick's workers to hand their state over.
+
+        A recovery tick also names a ``previous`` (the tick whose snapshot it
+        starts from), but it always starts empty at its start, as the recovery
+        procedure says: a table carried into it would keep the crashed tick's
+        in-flight times (stuck: their items died with a worker), holding the
+        min time until the stall watch restarted the cluster again.  Recovery
+        restarts every process, so an acker normally meets a recovery tick
+        with no table at all; this rule keeps it right when it does not.
         """
         if not tick.fronts:
             log.error("ignoring tick %d: it has no fronts", tick.number)
             return
-        if tick.previous is not None and self._table is not None and frozenset(tick.fronts) == self._fronts:
+        if not tick.recovery and tick.previous is not None and tick.previous == self._tick and \
+                self._table is not None and frozenset(tick.fronts) == self._fronts:
             log.info("tick %d takes over at %s; the ack table carries on", tick.number, tick.start)
-            self._handover = tick.start
+            self._tick, self._handover = tick.number, tick.start
             return
+        self._tick = tick.number
+        self._handover = None
         self._table = AckTable(tick.fronts, start_ts=tick.start.ts)
         self._stalls = None  # a new table: what was stuck in the old one is gone
         self._published = None

@@ -11,6 +11,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,9 +64,11 @@ def running(name: str, args: list[str], stderr_path: Path) -> Iterator[Service]:
 
 
 def publish_tick(zookeeper: str, cluster: str, *, fronts: tuple[int, ...], start_ts: int, acker: str,
-                 barriers: tuple[tuple[int, str], ...] = ()) -> int:
+                 barriers: tuple[tuple[int, str], ...] = (), previous: int | None = None,
+                 recovery: bool = False) -> int:
     tick = Tick(number=0, start=GlobalTime(start_ts, 0), graph=wordcount.graph().to_dict(), layout=Layout.even(1),
-                workers=("127.0.0.1:1",), fronts=fronts, acker=acker, barriers=barriers)
+                workers=("127.0.0.1:1",), fronts=fronts, acker=acker, barriers=barriers, previous=previous,
+                recovery=recovery)
     with ClusterStore(zookeeper, cluster=cluster) as store:
         return store.publish_tick(tick.to_dict())
 
@@ -155,6 +158,34 @@ def test_slow_watcher_skips_to_the_latest_and_holds_back_no_one(zookeeper: str, 
         assert len(read_until(slow, GlobalTime(changes, 0))) < changes // 2
         slow.cancel()
         fast.cancel()
+
+
+def test_a_recovery_tick_starts_an_empty_table_even_when_it_names_the_running_tick_as_previous(
+        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    """A recovery tick's ``previous`` is the tick whose snapshot it starts from, not a hand-over: a table carried
+    into it would keep the crashed tick's stuck times (here (150, 0)) and its fronts' reports."""
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name, "--acker"]
+    with running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel:
+        stub = pb_grpc.AckerStub(channel)
+        crashed = publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=100, acker=acker.address)
+        watch = stub.WatchMinTime(pb.Empty(), timeout=RPC_TIMEOUT)
+        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD), ack(140, 0, 3), ack(140, 0, 3)]), report(0, 200),
+                    report(1, 200)])
+        assert read_until(watch, GlobalTime(150, 0))[-1] == GlobalTime(150, 0)
+        watch.cancel()
+        publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=120, acker=acker.address, previous=crashed,
+                     recovery=True)
+        deadline = time.monotonic() + RPC_TIMEOUT
+        while True:  # a new watcher starts at the current min time: the recovery tick's start once it is taken
+            first = next(stub.WatchMinTime(pb.Empty(), timeout=RPC_TIMEOUT))
+            if GlobalTime(first.ts, first.front) != GlobalTime(150, 0) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert GlobalTime(first.ts, first.front) == GlobalTime(120, 0)
+        watch = stub.WatchMinTime(pb.Empty(), timeout=RPC_TIMEOUT)
+        send(stub, [pb.AckBatch(acks=[ack(130, 1, 7), ack(130, 1, 7)]), report(0, 300), report(1, 300)])
+        assert read_until(watch, GlobalTime(300, 0))[-1] == GlobalTime(300, 0)  # (150, 0) is gone with the table
+        watch.cancel()
 
 
 def test_bad_reports_are_rejected_and_the_acker_keeps_serving(zookeeper: str, cluster_name: str,
