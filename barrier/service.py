@@ -22,6 +22,7 @@ tick's min time could not be trusted); the next tick reconnects.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from operator import itemgetter
@@ -193,7 +194,7 @@ class _AckerLink:
         self.address = address
         self.error: str | None = None
         """Why the ack stream broke, once it has."""
-        self._channels = Channels(local)
+        self._channels = Channels(local, functools.partial(self._broke, supervisor, role))
         self._outbox: asyncio.Queue[pb.AckBatch] = asyncio.Queue()
         self._tasks = (supervisor.spawn(role, f"ack stream to acker {address}", self._send()),
                        supervisor.spawn(role, f"min-time watch on acker {address}", self._watch(on_min_time)))
@@ -210,6 +211,11 @@ class _AckerLink:
         except hosting.StreamBroken as exc:
             self.error = str(exc)
             raise
+
+    def _broke(self, supervisor: Supervisor, role: str, exc: hosting.StreamBroken) -> None:
+        """The ack stream ended while the link was open: receipt acks may be lost, so nothing more is taken."""
+        self.error = str(exc)
+        supervisor.stream_broke(role, f"ack stream to acker {self.address}", exc)
 
     async def _watch(self, on_min_time: Callable[[GlobalTime], None]) -> None:
         async for min_time in self._channels.watch_min_time(self.address):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -64,13 +65,14 @@ def _now_ms() -> int:
 class _Route:
     """What one tick deploys for this front: the compiled graph and the streams to its workers and acker."""
 
-    def __init__(self, tick: Tick, plan: Plan, local: LocalEndpoints) -> None:
+    def __init__(self, tick: Tick, plan: Plan, local: LocalEndpoints,
+                 on_broken: Callable[[_Route, hosting.StreamBroken], None]) -> None:
         self.tick = tick
         self.plan = plan
         self.balance = plan.entry_balance
         self.broken: str | None = None
         """Why pushes are refused until the next tick, once a stream has broken."""
-        self._channels = Channels(local)
+        self._channels = Channels(local, functools.partial(on_broken, self))
         self.workers: list[Stream[pb.ItemBatch]] = [
             self._channels.stream(address, transport.EXCHANGE, f"worker {i} at {address}")
             for i, address in enumerate(tick.workers)]
@@ -300,7 +302,7 @@ class FrontService(rpc.FrontServicer):
             except Exception as exc:  # the graph's own modules may raise anything on import
                 refusal = f"tick {tick.number}: cannot load the graph: {exc}"
             else:
-                route, refusal = _Route(tick, plan, self.local), ""
+                route, refusal = _Route(tick, plan, self.local, self._break), ""
                 route.watch = asyncio.create_task(self._watch_min_time(route))
         if route is None:
             self.logger.error("%s", refusal)

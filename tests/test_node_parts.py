@@ -19,6 +19,7 @@ from flamestream.runtime.channels import Channels, LocalContext, LocalEndpoints,
 from flamestream.runtime.hosting import ClientStream, StreamBroken
 from flamestream.runtime.supervision import Supervisor
 from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.wire.transport import ACK, DELIVER, EXCHANGE
 
 HERE = "127.0.0.1:7000"
@@ -66,6 +67,62 @@ def test_an_aborted_local_stream_breaks_the_next_write_like_grpc() -> None:
                 await asyncio.sleep(0.01)
         assert receiver.got == [1]
         await stream.close()  # closing a broken stream is a no-op, as for gRPC
+
+    asyncio.run(scenario())
+
+
+def test_a_local_stream_that_breaks_is_reported_without_another_write() -> None:
+    """A writer with nothing more to write must learn of the break too (``Channels``' ``on_broken``)."""
+    async def scenario() -> None:
+        broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
+        stream = LocalStream[pb.ItemBatch](Receiver().handle, "barrier 0", broken.put_nowait)
+        await stream.write(pb.ItemBatch(sender=-7))
+        report = await asyncio.wait_for(broken.get(), 10)
+        assert "barrier 0" in str(report) and "refused -7" in str(report)
+        await stream.close()
+
+    asyncio.run(scenario())
+
+
+class _OneBatchAndGone(rpc.WorkerServicer):
+    """A receiver whose stream ends after it took one batch: the batch is gone with it, unseen by the writer."""
+
+    async def Exchange(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> pb.Empty:
+        async for _batch in request_iterator:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "gone after one batch")
+        return pb.Empty()
+
+
+def test_a_grpc_stream_that_breaks_after_its_last_write_is_reported() -> None:
+    """The write returned (gRPC took the batch), nothing more is written: only the call's end tells of the loss."""
+    async def scenario() -> None:
+        server = grpc.aio.server()
+        rpc.add_WorkerServicer_to_server(_OneBatchAndGone(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        address = f"127.0.0.1:{port}"
+        broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
+        channels = Channels(LocalEndpoints(HERE), broken.put_nowait)
+        try:
+            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
+            report = await asyncio.wait_for(broken.get(), 10)
+            assert report.peer == address and "UNAVAILABLE: gone after one batch" in str(report)
+        finally:
+            await channels.close()
+            await server.stop(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_stream_its_writer_closes_is_no_break() -> None:
+    async def scenario() -> None:
+        broken: list[StreamBroken] = []
+        receiver = Receiver()
+        stream = LocalStream[pb.ItemBatch](receiver.handle, "worker 0", broken.append)
+        await stream.write(pb.ItemBatch(sender=1))
+        await stream.close()  # the receiver's end is reported (or not) before close returns
+        assert receiver.ended.is_set() and receiver.got == [1]
+        assert broken == []
 
     asyncio.run(scenario())
 

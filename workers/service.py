@@ -45,6 +45,7 @@ from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.core.worker import Worker, WorkerState, front_envelopes, merge_states
 from flamestream.runtime.channels import Channels, LocalEndpoints
+from flamestream.runtime.hosting import StreamBroken
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
 from flamestream.storage.input_log import read_input_range
@@ -136,10 +137,11 @@ def _meets(layout: Layout, member: str, lo: int, hi: int) -> bool:
 class _Deployment:
     """One tick on this worker: its core, its streams, and the envelopes waiting for its state."""
 
-    def __init__(self, tick: Tick, core: Worker, local: LocalEndpoints) -> None:
+    def __init__(self, tick: Tick, core: Worker, local: LocalEndpoints,
+                 on_broken: Callable[[StreamBroken], None]) -> None:
         self.tick = tick
         self.core = core
-        self.streams = Channels(local)
+        self.streams = Channels(local, on_broken)
         self.restored = asyncio.Event()
         """Set once the state it takes over is loaded (at once for a tick that starts empty)."""
         self.waiting: list[tuple[list[Envelope], Acks]] = []
@@ -276,7 +278,8 @@ class WorkerService(rpc.WorkerServicer):
                 if old is not None:
                     await old.streams.close()
             self.previous = self.handover_at = None
-        self.current = _Deployment(tick, core, self.local) if core is not None else None
+        self.current = _Deployment(tick, core, self.local, functools.partial(
+            self.supervisor.stream_broke, self.name, f"a stream of tick {tick.number}")) if core is not None else None
         if self.current is None:
             self.log.info("not part of tick %d (%d workers)%s", tick.number, len(tick.workers),
                           "; finishing the previous tick first" if handover else "")

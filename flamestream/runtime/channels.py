@@ -91,11 +91,13 @@ _END = object()
 class LocalStream(Generic[_M]):
     """One in-process client-streaming call: the same contract as ``ClientStream``, without the socket."""
 
-    def __init__(self, handler: StreamHandler, label: str) -> None:
+    def __init__(self, handler: StreamHandler, label: str,
+                 on_broken: Callable[[StreamBroken], None] | None = None) -> None:
         self.label = label
         self._handler = handler
         self._queue: asyncio.Queue[Any] = asyncio.Queue(LOCAL_QUEUE)
         self._call: asyncio.Task[Any] | None = None
+        self._on_broken = on_broken
 
     async def _requests(self) -> AsyncIterator[Any]:
         while (message := await self._queue.get()) is not _END:
@@ -105,9 +107,16 @@ class LocalStream(Generic[_M]):
         call = self._call
         if call is None:
             call = self._call = asyncio.create_task(self._handler(self._requests(), LocalContext()))
+            if self._on_broken is not None:
+                call.add_done_callback(self._ended)
         if call.done():
             raise StreamBroken(f"stream to {self.label} broke ({_ended(call)})")
         await self._queue.put(message)
+
+    def _ended(self, call: asyncio.Task[Any]) -> None:
+        # Not closed by its writer (nor cancelled: only a writer's close or the loop's end cancels a handler).
+        if call is self._call and not call.cancelled() and self._on_broken is not None:
+            self._on_broken(StreamBroken(f"stream to {self.label} broke ({_ended(call)})"))
 
     async def close(self) -> None:
         """End the stream and wait (bounded) until the handler has taken everything written."""
@@ -190,8 +199,11 @@ class Channels:
     replaced, so streams of superseded deployments end cleanly.
     """
 
-    def __init__(self, local: LocalEndpoints) -> None:
+    def __init__(self, local: LocalEndpoints, on_broken: Callable[[StreamBroken], None] | None = None) -> None:
+        """``on_broken``: told (on the event loop) when a stream breaks, whether or not anything is written to it
+        after: the writer's next write would raise too, but a writer with nothing more to write must learn it."""
         self._local = local
+        self._on_broken = on_broken
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[tuple[str, str], Stream[Any]] = {}
 
@@ -206,8 +218,8 @@ class Channels:
         if stream is None:
             label = label or address
             handler = self._local.serves(address, method)
-            stream = (LocalStream[Any](handler, f"{label} (in-process)") if handler is not None
-                      else ClientStream[Any](self.channel(address), method, label, address))
+            stream = (LocalStream[Any](handler, f"{label} (in-process)", self._on_broken) if handler is not None
+                      else ClientStream[Any](self.channel(address), method, label, address, self._on_broken))
             if _LOSS is not None and handler is None and method == transport.EXCHANGE:
                 stream = _Lossy[Any](stream, _LOSS)
             self._streams[(address, method)] = stream

@@ -77,23 +77,54 @@ class ClientStream(Generic[_M]):
     ZooKeeper cost no connections to the processes of superseded deployments.
     Never reopened: messages after a lost one may be lost too, so a broken
     stream is reported (``StreamBroken``) rather than silently replaced.
+
+    Reported when it breaks, not only at the next write (``on_broken``): a
+    write returns once gRPC took the message, so a connection that dies just
+    after loses it without a word, and a sender with nothing more to write (a
+    recovery's re-send waiting for the min time to pass the very batch that
+    was lost) would otherwise wait for the acker's stall watch.
     """
 
-    def __init__(self, channel: grpc.aio.Channel, method: str, label: str, address: str = "") -> None:
+    def __init__(self, channel: grpc.aio.Channel, method: str, label: str, address: str = "",
+                 on_broken: Callable[[StreamBroken], None] | None = None) -> None:
         self.label = label
         self.address = address
         self._open: grpc.aio.StreamUnaryMultiCallable[_M, Message] = channel.stream_unary(
             method, request_serializer=_serialize, response_deserializer=pb.Empty.FromString)
         self._call: grpc.aio.StreamUnaryCall[_M, Message] | None = None
+        self._on_broken = on_broken
+        self._telling: set[asyncio.Task[None]] = set()
+        self._cancelled = False
+        """A write was cancelled midway, which cancels the call: its writer is going away, nothing broke."""
 
     async def write(self, message: _M) -> None:
         call = self._call
         if call is None:
             call = self._call = self._open()
+            if self._on_broken is not None:
+                call.add_done_callback(self._ended)
         try:
             await call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             raise StreamBroken(f"stream to {self.label} broke ({describe(exc)})", self.address) from exc
+        except asyncio.CancelledError:
+            self._cancelled = True
+            raise
+
+    def _ended(self, call: grpc.aio.StreamUnaryCall[_M, Message]) -> None:
+        """The call ended: unless its writer closed it, it broke (the receiver never ends a stream by itself)."""
+        if call is self._call:
+            task = asyncio.get_running_loop().create_task(self._tell(call))
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+
+    async def _tell(self, call: grpc.aio.StreamUnaryCall[_M, Message]) -> None:
+        # grpc.aio gives a call's status only to a coroutine; the call is over, so it answers at once.
+        code, details = await call.code(), await call.details()
+        if call is not self._call or self._cancelled:  # closed by its writer meanwhile, or cancelled by it
+            return
+        assert self._on_broken is not None
+        self._on_broken(StreamBroken(f"stream to {self.label} broke ({code.name}: {details})", self.address))
 
     async def close(self) -> None:
         """Half-close and wait for the receiver's reply, so it sees a clean end of the stream."""

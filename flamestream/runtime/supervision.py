@@ -86,8 +86,20 @@ class Supervisor:
         error = task.exception()
         if error is None and finite:
             return
-        self.fail(role, f"{what} {'failed' if error is not None else 'ended unexpectedly'}", error, essential)
-        if isinstance(error, StreamBroken) and not essential and self.stream_timeout > 0 and role not in self._broken:
+        if isinstance(error, StreamBroken) and not essential:
+            self.stream_broke(role, what, error)
+        else:
+            self.fail(role, f"{what} {'failed' if error is not None else 'ended unexpectedly'}", error, essential)
+
+    def stream_broke(self, role: str, what: str, error: StreamBroken) -> None:
+        """``role``'s stream broke (its task failed on it, or ``Channels`` saw it end): NOT_SERVING, and the node
+        stops unless the role recovers within ``stream_timeout`` (at once if the peer is gone, ``peer_lost``).
+        Every report is logged; the timer and the probe start once per role (a dead peer breaks all its streams,
+        each seen by its own writer or watch)."""
+        if self.stopping:
+            return
+        self.fail(role, f"{what} failed", error)
+        if self.stream_timeout > 0 and role not in self._broken:
             self._broken[role] = asyncio.get_running_loop().call_later(
                 self.stream_timeout, self._not_back, role, f"{what}: {error}")
             self.peer_lost(role, f"{what}: {error}", error)
