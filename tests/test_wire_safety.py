@@ -318,7 +318,9 @@ def test_handlers_abort_their_own_call_on_a_bad_batch(tmp_path: Path) -> None:
 
 def deployment(graph: Graph, start: GlobalTime) -> Any:
     tick = Tick(0, start, graph.to_dict(), Layout.even(1), workers=("w",), fronts=(0,), acker="a", barriers=((0, "b"),))
-    return worker_service._Deployment(tick, Worker(compile_graph(graph), 0, tick.layout), LocalEndpoints())
+    # No stream is ever opened here, so none can break.
+    return worker_service._Deployment(tick, Worker(compile_graph(graph), 0, tick.layout), LocalEndpoints(),
+                                      lambda broken: pytest.fail(f"no stream should break: {broken}"))
 
 
 def test_envelopes_must_fit_the_graph_and_tick_that_take_them(monkeypatch: pytest.MonkeyPatch,
