@@ -10,12 +10,14 @@ notices, both followed by a recovery whose topic equals the oracle exactly.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -30,6 +32,7 @@ from flamestream.runtime.hosting import StreamBroken, refuses
 from flamestream.runtime.supervision import Supervisor
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
+from tests.netns import veth_pair
 from tests.test_acker_service import REPO, ack, publish_tick, report, send
 from tests.test_nodes import eventually
 from tests.test_recovery import _kill_and_check, _node
@@ -237,6 +240,82 @@ def test_a_front_whose_route_stays_broken_against_a_live_peer_stops_the_node_aft
     if stopped:
         (record,) = [r for r in caplog.records if r.levelno == logging.CRITICAL]
         assert "it did not come back within 0.5s" in record.getMessage()
+
+
+_SINK = """
+import asyncio, sys
+import grpc
+from flamestream.wire import flamestream_pb2 as pb, flamestream_pb2_grpc as rpc
+from flamestream.wire.transport import GRPC_OPTIONS
+
+class Sink(rpc.WorkerServicer):
+    async def Exchange(self, request_iterator, context):
+        async for _ in request_iterator:
+            print("got a batch", flush=True)
+        return pb.Empty()
+
+async def main():
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    rpc.add_WorkerServicer_to_server(Sink(), server)
+    server.add_insecure_port(sys.argv[1])
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+_WRITER = """
+import asyncio, json, sys, time
+from flamestream.runtime.channels import Channels, LocalEndpoints
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire.transport import EXCHANGE
+
+async def main():
+    broken = asyncio.Queue()
+    channels = Channels(LocalEndpoints(), broken.put_nowait)
+    await channels.write(sys.argv[1], EXCHANGE, pb.ItemBatch(sender=1))
+    try:
+        report = await asyncio.wait_for(broken.get(), float(sys.argv[2]))
+    except TimeoutError:
+        print(json.dumps({"at": None}), flush=True)
+    else:
+        print(json.dumps({"at": time.monotonic(), "report": str(report)}), flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_an_idle_stream_over_a_cut_link_is_reported_broken_by_the_keepalive(tmp_path: Path) -> None:
+    """Two hosts (network namespaces); a stream carried one batch and then sits idle, as a re-send waiting for the
+    min time does.  The link goes down without a reset reaching anyone: only gRPC's keepalive pings notice."""
+    names, address = ("fs-ka-a", "fs-ka-b"), "10.232.0.2:7411"
+    with veth_pair(names, ("fs-ka-va", "fs-ka-vb"), ("10.232.0.1", "10.232.0.2")):
+        sink_log = tmp_path / "sink.log"
+        with sink_log.open("w") as out:
+            sink = subprocess.Popen(["ip", "netns", "exec", names[1], sys.executable, "-c", _SINK, address], cwd=REPO,
+                                    stdout=out, stderr=subprocess.STDOUT, text=True)
+        writer: subprocess.Popen[str] | None = None
+        try:
+            eventually(lambda: "ready" in sink_log.read_text(), "the sink's ready line")
+            writer = subprocess.Popen(["ip", "netns", "exec", names[0], sys.executable, "-c", _WRITER, address, "60"],
+                                      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            eventually(lambda: "got a batch" in sink_log.read_text(), "the batch at the sink")
+            subprocess.run(["ip", "-n", names[1], "link", "set", "fs-ka-vb", "down"], check=True, timeout=30)
+            cut_at = time.monotonic()
+            out_text, err_text = writer.communicate(timeout=120)
+            assert writer.returncode == 0, err_text
+            result = json.loads(out_text.strip().splitlines()[-1])
+            assert result["at"] is not None, "the idle stream's break went unnoticed for 60 s"
+            assert "UNAVAILABLE" in result["report"], result
+            # 10 s without traffic, then a ping unanswered for 5 s (transport.KEEPALIVE_MS), with some slack.
+            assert result["at"] - cut_at < 30, result
+        finally:
+            for process in (writer, sink):
+                if process is not None and process.poll() is None:
+                    process.kill()
+                    process.wait()
 
 
 @pytest.mark.slow

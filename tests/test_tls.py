@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from flamestream.runtime import tls
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire.security import Credentials, clusters_of
 from flamestream.wire.transport import GRPC_OPTIONS
+from tests.netns import veth_pair
 from tests.test_cluster_e2e import ROOT, Cluster, as_multiset, cli, consume_all, expected_from_input_logs
 
 pytestmark = pytest.mark.slow
@@ -229,33 +229,10 @@ NS = ("fs-tls-a", "fs-tls-b")
 ADDRESSES = ("10.231.0.1", "10.231.0.2")
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def namespaces() -> Iterator[None]:
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        pytest.skip("needs root and iproute2 (`ip netns`)")
-    try:
-        for ns in NS:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-            _ip("netns", "add", ns)
-        _ip("link", "add", "fs-tls-va", "type", "veth", "peer", "name", "fs-tls-vb")
-        for ns, dev, addr in zip(NS, ("fs-tls-va", "fs-tls-vb"), ADDRESSES, strict=True):
-            _ip("link", "set", dev, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-    except subprocess.CalledProcessError as exc:
-        for ns in NS:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-        pytest.skip(f"cannot create network namespaces: {exc.stderr.decode(errors='replace').strip()}")
-    try:
+    with veth_pair(NS, ("fs-tls-va", "fs-tls-vb"), ADDRESSES):
         yield
-    finally:
-        for ns in NS:  # deleting a namespace deletes its end of the veth pair, and so the pair
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
 _ZOOKEEPER = """

@@ -13,11 +13,22 @@ RECONNECT_BACKOFF_MS = (100, 1000)
 """A channel whose connection failed tries again after 0.1 s, backing off to 1 s at most (gRPC's defaults: 1 s
 to 120 s).  Members restart on the address they had, within a second or two; with the defaults a client or peer
 that had tried while it was down reconnected seconds after it was back, which was most of a recovery's time."""
+KEEPALIVE_MS = (10_000, 5_000)
+"""An HTTP/2 ping after 10 s without traffic, answered within 5 s or the connection is closed.  Why: the streams
+between members are long-lived and may sit idle (a front with no pushes, a re-send waiting for the min time), and a
+connection cut without a reset (a network partition, a host that vanished) is otherwise noticed only when TCP gives
+up retransmitting a write, many minutes later; with pings, its calls end within ~15 s and the stream counts as broken
+(``flamestream.runtime.hosting.ClientStream``).  Pings may go while no data does (streams are idle by design), and a
+server accepts them every 5 s (gRPC's default, 5 minutes, would answer these pings with GOAWAY "too_many_pings")."""
 GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
                 ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
-                ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1])]
+                ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
+                ("grpc.keepalive_time_ms", KEEPALIVE_MS[0]),
+                ("grpc.keepalive_timeout_ms", KEEPALIVE_MS[1]),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS[1])]
 
 EXCHANGE = "/flamestream.Worker/Exchange"
 DELIVER = "/flamestream.Barrier/Deliver"
