@@ -19,6 +19,12 @@ def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
+def _delete(names: tuple[str, ...]) -> None:
+    """Delete namespaces ``names`` where they exist; deleting one deletes its end of a veth pair, and so the pair."""
+    for ns in names:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
 @contextlib.contextmanager
 def veth_pair(names: tuple[str, str], devices: tuple[str, str], addresses: tuple[str, str]) -> Iterator[None]:
     """Namespaces ``names``, device ``devices[i]`` with ``addresses[i]``/24 in ``names[i]``; deleted on exit.
@@ -26,8 +32,8 @@ def veth_pair(names: tuple[str, str], devices: tuple[str, str], addresses: tuple
     if shutil.which("ip") is None or os.geteuid() != 0:
         pytest.skip("needs root and iproute2 (`ip netns`)")
     try:
+        _delete(names)  # left over from an interrupted run
         for ns in names:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
             ip("netns", "add", ns)
         ip("link", "add", devices[0], "type", "veth", "peer", "name", devices[1])
         for ns, dev, addr in zip(names, devices, addresses, strict=True):
@@ -36,11 +42,9 @@ def veth_pair(names: tuple[str, str], devices: tuple[str, str], addresses: tuple
             ip("-n", ns, "link", "set", dev, "up")
             ip("-n", ns, "link", "set", "lo", "up")
     except subprocess.CalledProcessError as exc:
-        for ns in names:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        _delete(names)
         pytest.skip(f"cannot create network namespaces: {exc.stderr.decode(errors='replace').strip()}")
     try:
         yield
     finally:
-        for ns in names:  # deleting a namespace deletes its end of the veth pair, and so the pair
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        _delete(names)

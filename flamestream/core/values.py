@@ -71,9 +71,7 @@ def _fast(out: io.BytesIO) -> _PlainPickler:
 def encode(value: Any) -> bytes:
     """``value`` as bytes that ``decode`` turns back into an equal value of the same types; ValueError if it is
     not a plain value."""
-    out = _Capped()
-    encoded = _without_memo(_fast(out), out, value)
-    return _with_memo(value) if encoded is None else encoded
+    return next(encode_each((value,)))
 
 
 def encode_each(values: Iterable[Any]) -> Iterator[bytes]:
