@@ -5,6 +5,11 @@ tick's fronts, starting at the tick's start timestamp (entries in flight under
 the previous table are dropped).  A hand-over tick with the same fronts keeps
 the table: it tracks global times, whichever tick's items carry them.
 
+Every ack batch names its sender's tick (``TickGate``): a batch of a tick the
+acker has not seen yet waits for it (applied to the old table, it would be
+dropped with it, and its global times would stay in flight in the new one),
+and a batch of a tick older than the table is dropped.
+
 All state lives on the event loop thread, so no locks are needed: an ``Ack``
 message is applied, and its min-time change published, without yielding.
 
@@ -31,6 +36,7 @@ from flamestream.core.tick import Tick
 from flamestream.runtime.channels import LocalEndpoints
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
+from flamestream.runtime.tick_gate import TickGate, TickNotDeployed
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
@@ -94,7 +100,8 @@ class AckerService(pb_grpc.AckerServicer):
         moved it (the previous tick's workers hand over on it, and the new tick's items wait for that)."""
         self._watchers: set[_Latest] = set()
         self._closing = False
-        self._deployed = asyncio.Event()
+        self._gate = TickGate()
+        """Batches wait for their tick, and those of a tick older than the table are dropped."""
         self._stalls: StallDetector | None = None
         """The stall watch's view of the current table (None: it starts afresh at its next look)."""
 
@@ -122,6 +129,7 @@ class AckerService(pb_grpc.AckerServicer):
                 self._table is not None and frozenset(tick.fronts) == self._fronts:
             log.info("tick %d takes over at %s; the ack table carries on", tick.number, tick.start)
             self._tick, self._handover = tick.number, tick.start
+            self._gate.deploy(tick.number, fresh=False)
             return
         self._tick = tick.number
         self._handover = None
@@ -129,7 +137,7 @@ class AckerService(pb_grpc.AckerServicer):
         self._stalls = None  # a new table: what was stuck in the old one is gone
         self._published = None
         self._fronts = frozenset(tick.fronts)
-        self._deployed.set()
+        self._gate.deploy(tick.number, fresh=True)
         self._publish(self._table.min_time())
 
     def close(self) -> None:
@@ -168,9 +176,15 @@ class AckerService(pb_grpc.AckerServicer):
 
     async def Ack(self, request_iterator: AsyncIterator[pb.AckBatch], context: AckContext) -> pb.Empty:
         async for message in request_iterator:
+            if not message.HasField("tick"):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an ack batch must name its sender's tick")
             # A sender that saw the tick first must not lose acks: it only learns of a rejected stream on a
             # later write, after the rejected message is gone.  So acks wait for the tick instead.
-            await self._deployed.wait()
+            try:
+                if not await self._gate.admit(message.tick):
+                    continue  # the table of its global times was replaced (see the module's docstring)
+            except TickNotDeployed as exc:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             table = self._table
             assert table is not None
             has_report = message.HasField("report")

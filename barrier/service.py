@@ -11,8 +11,11 @@ back.
 
 Ticks: a tick that starts afresh starts with empty buffers and a new
 connection to the tick's acker: items buffered under the previous tick are
-dropped, and the release bound is reset until the new acker reports, so
-nothing delivered under the new tick is released by the old bound.  A
+dropped (and so are those of its batches that arrive later), and the release
+bound is reset until the new acker reports, so nothing delivered under the new
+tick is released by the old bound.  A batch names its sender's tick, and one
+of a tick this barrier has not seen yet waits for it: inserted at once, it
+would be dropped with the old tick's buffers.  A
 hand-over tick with the same acker keeps both: buffers and releases only
 depend on global times.
 A lost acker connection is not repaired either (its acks are gone, so the
@@ -41,6 +44,7 @@ from flamestream.runtime import hosting
 from flamestream.runtime.channels import Channels, LocalEndpoints
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
+from flamestream.runtime.tick_gate import TickGate, TickNotDeployed
 from flamestream.storage.log import LogError, SegmentedLog, disk_full
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
@@ -244,7 +248,8 @@ class BarrierService(pb_grpc.BarrierServicer):
         self._min_changed = asyncio.Event()
         self._closing = False
         self._stopping = False
-        self._deployed = asyncio.Event()
+        self._gate = TickGate()
+        """Batches wait for their tick, and those of a tick older than the buffers are dropped (``Deliver``)."""
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -257,6 +262,7 @@ class BarrierService(pb_grpc.BarrierServicer):
                 self._link.error is None:
             # A hand-over: items of both ticks are ordered by global time alone, and released by the one acker's
             # min time, so the buffers and the acker link carry on.
+            self._gate.deploy(tick.number, fresh=False)
             return
         # Everything up to the swap happens without yielding, so no Deliver sees a half-applied tick.
         for partition in self._partitions.values():
@@ -264,7 +270,7 @@ class BarrierService(pb_grpc.BarrierServicer):
         self._min_time = None
         previous, self._link = self._link, _AckerLink(tick.acker, self._advance, self._local, self.supervisor,
                                                       self.name)
-        self._deployed.set()
+        self._gate.deploy(tick.number, fresh=True)
         if previous is not None:
             await previous.close()
 
@@ -320,10 +326,18 @@ class BarrierService(pb_grpc.BarrierServicer):
             if problem is not None:
                 await self._refuse(context, batch, problem)
             # Items may come from a worker that saw the tick first; rejecting would lose the batch already
-            # written (the sender only learns on its next write), so they wait for the tick instead.
-            while self._link is None:
-                await self._deployed.wait()
+            # written (the sender only learns on its next write), so they wait for the tick instead.  Inserted
+            # earlier, they would be dropped with the old tick's buffers, and their acks go to the old table.
+            try:
+                if not await self._gate.admit(batch.tick):
+                    # A fresh tick dropped its tick's buffers, and the acker its global times.
+                    role_logger(self.name).info("dropped %d items of tick %d, whose buffers a fresh tick replaced",
+                                                len(items), batch.tick)
+                    continue
+            except TickNotDeployed as exc:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             link = self._link
+            assert link is not None, "a deployed tick has an acker link"
             if link.error is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, link.error)
             try:
@@ -333,7 +347,7 @@ class BarrierService(pb_grpc.BarrierServicer):
                 await self._refuse(context, batch, str(exc))
             messages = codec.ack_messages(acks)
             if messages:
-                link.send(pb.AckBatch(acks=messages))
+                link.send(pb.AckBatch(acks=messages, tick=batch.tick))
             if self._on_arrival:
                 self._min_changed.set()
         return pb.Empty()

@@ -109,7 +109,7 @@ def pickle_round_trip(batches: Batches) -> Callable[[], None]:
 def codec_round_trip(batches: Batches, decode: Callable[[pb.ItemBatch], Any]) -> Callable[[], None]:
     def run() -> None:
         for entries in batches:
-            decode(pb.ItemBatch.FromString(codec.encode_batch(entries, {}, sender=0).SerializeToString()))
+            decode(pb.ItemBatch.FromString(codec.encode_batch(entries, {}, sender=0, tick=0).SerializeToString()))
     return run
 
 
@@ -131,13 +131,13 @@ def main() -> None:
         for channel, batches in channels.items():
             decode = codec.decode_items if channel == "worker->barrier" else codec.decode_envelopes
             for entries in batches:  # exact, or the timing means nothing
-                if decode(codec.encode_batch(entries, {}, sender=0))[0] != entries:
+                if decode(codec.encode_batch(entries, {}, sender=0, tick=0))[0] != entries:
                     raise SystemExit(f"{workload} {channel}: the codec changed a batch")
             key = (workload, channel)
             items[key] = sum(map(len, batches))
             runs[key] = {"pickle": pickle_round_trip(batches), "new": codec_round_trip(batches, decode)}
             sizes[key] = {"pickle": sum(len(pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL)) for b in batches),
-                          "new": sum(len(codec.encode_batch(b, {}, sender=0).items) for b in batches)}
+                          "new": sum(len(codec.encode_batch(b, {}, sender=0, tick=0).items) for b in batches)}
 
     tune_gc()
     seconds: dict[tuple[str, str], dict[str, list[float]]] = {key: {"pickle": [], "new": []} for key in runs}

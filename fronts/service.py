@@ -752,12 +752,13 @@ class FrontService(rpc.FrontServicer):
         for worker, envelopes in per_worker.items():
             acks = codec.new_acks(dict.fromkeys(envelope[2][1] for envelope in envelopes))
             codec.xor_into(total, acks)
-            sends.append((worker, codec.encode_batch(envelopes, acks, sender=-1 - self.front_id)))
+            sends.append((worker, codec.encode_batch(envelopes, acks, sender=-1 - self.front_id,
+                                                           tick=route.tick.number)))
         return sends, total
 
     async def _to_acker(self, route: _Route, acks: dict[GlobalTime, int]) -> None:
         try:
-            await route.acker.write(pb.AckBatch(acks=codec.ack_messages(acks)))
+            await route.acker.write(pb.AckBatch(acks=codec.ack_messages(acks), tick=route.tick.number))
         except hosting.StreamBroken as exc:
             self._break(route, exc)
             raise _Rejected(grpc.StatusCode.UNAVAILABLE, str(route.broken)) from None
@@ -848,7 +849,7 @@ class FrontService(rpc.FrontServicer):
         for floor in (r.resend_floor for r in (route, self._behind) if r is not None):
             if floor is not None:  # the acker's table spans ticks: a hand-over's report must wait for it too
                 ts = min(ts, floor)
-        await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts)))
+        await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts), tick=route.tick.number))
 
     # -- input-log retention -----------------------------------------------------
 

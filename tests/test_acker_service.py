@@ -77,8 +77,8 @@ def ack(ts: int, front: int, xor: int) -> pb.Ack:
     return pb.Ack(ts=ts, front=front, xor=xor)
 
 
-def report(front: int, ts: int) -> pb.AckBatch:
-    return pb.AckBatch(report=pb.Report(front=front, ts=ts))
+def report(front: int, ts: int, tick: int = 0) -> pb.AckBatch:
+    return pb.AckBatch(report=pb.Report(front=front, ts=ts), tick=tick)
 
 
 def send(stub: pb_grpc.AckerStub, messages: Iterable[pb.AckBatch]) -> None:
@@ -101,7 +101,7 @@ def test_min_time_follows_acks_and_reports(zookeeper: str, cluster_name: str, tm
     with running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel:
         stub = pb_grpc.AckerStub(channel)
         # A sender that saw the tick first: its acks wait for the acker's tick instead of being lost.
-        early = threading.Thread(target=send, args=(stub, [pb.AckBatch(acks=[ack(120, 1, 0xBEEF)])]))
+        early = threading.Thread(target=send, args=(stub, [pb.AckBatch(acks=[ack(120, 1, 0xBEEF)], tick=0)]))
         early.start()
         watch = stub.WatchMinTime(pb.Empty(), timeout=60)  # opened before any tick: waits for the first one
         publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=100, acker=acker.address)
@@ -110,19 +110,19 @@ def test_min_time_follows_acks_and_reports(zookeeper: str, cluster_name: str, tm
         # The reports move the min time to (120, 1), where the early ack holds it, but nothing completed there:
         # no watcher could release or trim anything by it, so it is not sent.  Completing (120, 1) is.
         send(stub, [report(0, 130), report(1, 130)])
-        send(stub, [pb.AckBatch(acks=[ack(120, 1, 0xBEEF)])])
+        send(stub, [pb.AckBatch(acks=[ack(120, 1, 0xBEEF)], tick=0)])
         assert read_until(watch, GlobalTime(130, 0)) == [GlobalTime(130, 0)]
 
         # An unmatched ack at (150, 0) holds the min time although both fronts promise 200; (140, 0) completing
         # moves it there.
-        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD), ack(140, 0, 3)], report=pb.Report(front=0, ts=200)),
-                    report(1, 200), pb.AckBatch(acks=[ack(140, 0, 3)])])
+        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD), ack(140, 0, 3)], report=pb.Report(front=0, ts=200), tick=0),
+                    report(1, 200), pb.AckBatch(acks=[ack(140, 0, 3)], tick=0)])
         assert read_until(watch, GlobalTime(150, 0)) == [GlobalTime(150, 0)]
-        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD)])])  # the matching receive ack
+        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD)], tick=0)])  # the matching receive ack
         assert read_until(watch, GlobalTime(200, 0)) == [GlobalTime(200, 0)]
 
         # A send and its receive in one message cancel out and never hold the min time.
-        send(stub, [pb.AckBatch(acks=[ack(250, 1, 7), ack(250, 1, 7)], report=pb.Report(front=0, ts=300)),
+        send(stub, [pb.AckBatch(acks=[ack(250, 1, 7), ack(250, 1, 7)], report=pb.Report(front=0, ts=300), tick=0),
                     report(1, 300)])
         assert GlobalTime(250, 1) not in read_until(watch, GlobalTime(300, 0))
 
@@ -132,7 +132,8 @@ def test_min_time_follows_acks_and_reports(zookeeper: str, cluster_name: str, tm
         # A new tick brings a fresh table for its fronts and start time.
         publish_tick(zookeeper, cluster_name, fronts=(0, 1, 2), start_ts=1000, acker=acker.address)
         assert read_until(watch, GlobalTime(1000, 0))[-1] == GlobalTime(1000, 0)
-        send(stub, [pb.AckBatch(acks=[ack(1050, 0, 9), ack(1050, 0, 9)]), report(0, 1100), report(1, 1100)])
+        send(stub, [pb.AckBatch(acks=[ack(1050, 0, 9), ack(1050, 0, 9)], tick=1), report(0, 1100, 1),
+                    report(1, 1100, 1)])
         assert read_until(watch, GlobalTime(1000, 2))[-1] == GlobalTime(1000, 2)
         watch.cancel()
         late.cancel()
@@ -151,7 +152,7 @@ def test_slow_watcher_skips_to_the_latest_and_holds_back_no_one(zookeeper: str, 
         fast = stub.WatchMinTime(pb.Empty(), timeout=60)
         assert read_until(fast, GlobalTime(0, 0)) == [GlobalTime(0, 0)]
         changes = 3000  # each completes a global time and moves the min time past it
-        send(stub, (pb.AckBatch(acks=[ack(ts - 1, 0, 5), ack(ts - 1, 0, 5)], report=pb.Report(front=0, ts=ts))
+        send(stub, (pb.AckBatch(acks=[ack(ts - 1, 0, 5), ack(ts - 1, 0, 5)], report=pb.Report(front=0, ts=ts), tick=0)
                     for ts in range(1, changes + 1)))
         assert read_until(fast, GlobalTime(changes, 0))[-1] == GlobalTime(changes, 0)
         # The slow watcher gets what its window held, then jumps to the latest value.
@@ -169,7 +170,7 @@ def test_a_recovery_tick_starts_an_empty_table_even_when_it_names_the_running_ti
         stub = pb_grpc.AckerStub(channel)
         crashed = publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=100, acker=acker.address)
         watch = stub.WatchMinTime(pb.Empty(), timeout=RPC_TIMEOUT)
-        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD), ack(140, 0, 3), ack(140, 0, 3)]), report(0, 200),
+        send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xDEAD), ack(140, 0, 3), ack(140, 0, 3)], tick=0), report(0, 200),
                     report(1, 200)])
         assert read_until(watch, GlobalTime(150, 0))[-1] == GlobalTime(150, 0)
         watch.cancel()
@@ -183,8 +184,40 @@ def test_a_recovery_tick_starts_an_empty_table_even_when_it_names_the_running_ti
             time.sleep(0.05)
         assert GlobalTime(first.ts, first.front) == GlobalTime(120, 0)
         watch = stub.WatchMinTime(pb.Empty(), timeout=RPC_TIMEOUT)
-        send(stub, [pb.AckBatch(acks=[ack(130, 1, 7), ack(130, 1, 7)]), report(0, 300), report(1, 300)])
+        send(stub, [pb.AckBatch(acks=[ack(130, 1, 7), ack(130, 1, 7)], tick=1), report(0, 300, 1), report(1, 300, 1)])
         assert read_until(watch, GlobalTime(300, 0))[-1] == GlobalTime(300, 0)  # (150, 0) is gone with the table
+        watch.cancel()
+
+
+def test_acks_wait_for_their_tick_and_those_of_a_replaced_table_are_dropped(zookeeper: str, cluster_name: str,
+                                                                            tmp_path: Path) -> None:
+    """A front that takes a fresh tick up before the acker does sends acks of that tick early: applied to the old
+    table they would be dropped with it, and the matching acks, applied to the new one, would hold the min time
+    for good.  A late batch of the old tick must not reach the new table either."""
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name, "--acker"]
+    with running("acker", args, tmp_path / "acker.err") as acker, grpc.insecure_channel(acker.address) as channel:
+        stub = pb_grpc.AckerStub(channel)
+        publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=100, acker=acker.address)
+        watch = stub.WatchMinTime(pb.Empty(), timeout=RPC_TIMEOUT)
+        assert read_until(watch, GlobalTime(100, 0)) == [GlobalTime(100, 0)]
+        handed = threading.Event()
+
+        def early_batch() -> Iterator[pb.AckBatch]:
+            yield pb.AckBatch(acks=[ack(1010, 0, 0xA)], tick=1)  # a send ack of tick 1, which is not out yet
+            handed.set()
+
+        early = threading.Thread(target=send, args=(stub, early_batch()))
+        early.start()
+        assert handed.wait(RPC_TIMEOUT)
+        time.sleep(0.3)  # the batch reaches the acker before the tick does (without waiting it would be applied)
+        assert early.is_alive(), "a batch of a tick the acker has not seen must wait for it"
+        publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=1000, acker=acker.address)
+        early.join(RPC_TIMEOUT)
+        assert not early.is_alive()
+        send(stub, [pb.AckBatch(acks=[ack(1020, 0, 0xB)], tick=0)])  # late, from tick 0: its table is gone
+        send(stub, [pb.AckBatch(acks=[ack(1010, 0, 0xA)], report=pb.Report(front=0, ts=2000), tick=1)])
+        # (1010, 0) completes in the new table and nothing of tick 0 is in it, so the min time reaches the promise.
+        assert read_until(watch, GlobalTime(2000, 0))[-1] == GlobalTime(2000, 0)
         watch.cancel()
 
 
@@ -197,10 +230,10 @@ def test_bad_reports_are_rejected_and_the_acker_keeps_serving(zookeeper: str, cl
         watch = stub.WatchMinTime(pb.Empty(), timeout=60)
         assert read_until(watch, GlobalTime(10, 0)) == [GlobalTime(10, 0)]
         with pytest.raises(grpc.RpcError) as unknown:
-            send(stub, [pb.AckBatch(acks=[ack(15, 0, 3)], report=pb.Report(front=7, ts=99))])
+            send(stub, [pb.AckBatch(acks=[ack(15, 0, 3)], report=pb.Report(front=7, ts=99), tick=0)])
         assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "front 7" in (unknown.value.details() or "")
         # Still serving, and the rejected message left no trace: its ack at (15, 0) would hold the min time.
-        send(stub, [pb.AckBatch(acks=[ack(12, 0, 5), ack(12, 0, 5)]), report(0, 20), report(1, 20)])
+        send(stub, [pb.AckBatch(acks=[ack(12, 0, 5), ack(12, 0, 5)], tick=0), report(0, 20), report(1, 20)])
         assert read_until(watch, GlobalTime(20, 0))[-1] == GlobalTime(20, 0)
         watch.cancel()

@@ -39,6 +39,8 @@ class FakeAcker(pb_grpc.AckerServicer):
 
     def __init__(self) -> None:
         self.acks: queue.Queue[dict[GlobalTime, int]] = queue.Queue()
+        self.ticks: list[int] = []
+        """The tick each batch named, in order."""
         self._lock = threading.Lock()
         self._latest: pb.GlobalTime | None = None
         self._watchers: list[queue.Queue[pb.GlobalTime]] = []
@@ -52,6 +54,7 @@ class FakeAcker(pb_grpc.AckerServicer):
     def Ack(self, request_iterator: Iterator[pb.AckBatch], context: Any) -> pb.Empty:
         with contextlib.suppress(grpc.RpcError):  # the barrier drops its stream on a new tick and on exit
             for batch in request_iterator:
+                self.ticks.append(batch.tick)
                 self.acks.put(codec.acks_of(batch.acks))
         return pb.Empty()
 
@@ -91,8 +94,8 @@ def barrier_process(zookeeper: str, cluster: str, data_dir: Path, stderr_path: P
         yield barrier, pb_grpc.BarrierStub(channel)
 
 
-def batch(items: list[Item], acks: dict[GlobalTime, int]) -> pb.ItemBatch:
-    return codec.encode_batch(codec.to_records(items), acks, sender=0)
+def batch(items: list[Item], acks: dict[GlobalTime, int], tick: int = 0) -> pb.ItemBatch:
+    return codec.encode_batch(codec.to_records(items), acks, sender=0, tick=tick)
 
 
 def deliver(stub: pb_grpc.BarrierStub, item_batch: pb.ItemBatch) -> None:
@@ -214,7 +217,11 @@ def test_bad_requests_get_clear_statuses(zookeeper: str, cluster_name: str, tmp_
         assert deliver_raw(pb.ItemBatch(items=b"not a pickle"))[0] == grpc.StatusCode.INVALID_ARGUMENT
         malformed = [[(b"no gt", (30, 0), (0,), False)], [("not a serialized record", G10, (0,), False)]]
         for items in malformed:
-            assert deliver_raw(codec.encode_batch(items, {}, sender=0))[0] == grpc.StatusCode.INVALID_ARGUMENT
+            assert deliver_raw(codec.encode_batch(items, {}, sender=0, tick=0))[0] == grpc.StatusCode.INVALID_ARGUMENT
+        untold = batch([("no tick", G30, (0,), False)], {G30: 1})
+        untold.ClearField("tick")
+        code, details = deliver_raw(untold)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "tick" in details
 
         def first_record(partition: int, from_offset: int) -> tuple[grpc.StatusCode, str]:
             return status_of(lambda: next(subscribe(stub, partition, from_offset)))
@@ -244,6 +251,36 @@ def test_bad_requests_get_clear_statuses(zookeeper: str, cluster_name: str, tmp_
         assert records(subscribe(stub, 0, 1), 1) == [(0, 1, G30, "after")]
 
 
+def test_a_batch_waits_for_its_tick_and_one_of_a_replaced_tick_is_dropped(zookeeper: str, cluster_name: str,
+                                                                          tmp_path: Path) -> None:
+    """A worker of a fresh tick may deliver before this barrier takes the tick up: inserted at once, its items
+    would be dropped with the old tick's buffers (lost, while the acker counts them done).  A late batch of the
+    replaced tick is dropped with them, acks included (the acker dropped its global times too)."""
+    with (fake_acker() as (acker, acker_address),
+          barrier_process(zookeeper, cluster_name, tmp_path / "data", tmp_path / "barrier.err",
+                          partitions="0") as (barrier, stub)):
+        def fresh_tick(start_ts: int) -> None:
+            publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=start_ts, acker=acker_address,
+                         barriers=((0, barrier.address),))
+
+        fresh_tick(0)
+        deliver(stub, batch([("old", G10, (0,), False)], {G10: 1}, tick=0))
+        assert acker.acks.get(timeout=RPC_TIMEOUT) == {G10: 1}
+        early = threading.Thread(target=deliver, args=(stub, batch([("new", G30, (0,), False)], {G30: 2}, tick=1)))
+        early.start()
+        time.sleep(0.3)  # the batch reaches the barrier before tick 1 does
+        assert early.is_alive() and acker.acks.empty(), "a batch of a tick not taken up yet must wait for it"
+        fresh_tick(20)
+        early.join(RPC_TIMEOUT)
+        assert acker.acks.get(timeout=RPC_TIMEOUT) == {G30: 2}
+        deliver(stub, batch([("late", G20, (0,), False)], {G20: 3}, tick=0))  # tick 0's buffers are gone
+        deliver(stub, batch([("newer", GlobalTime(31, 0), (0,), False)], {GlobalTime(31, 0): 4}, tick=1))
+        assert acker.acks.get(timeout=RPC_TIMEOUT) == {GlobalTime(31, 0): 4}  # "late" was acked by no one
+        acker.push(GlobalTime(40, 0))
+        assert [r[3] for r in records(subscribe(stub, 0, 0), 2)] == ["new", "newer"]
+        assert acker.ticks == [0, 1, 1]
+
+
 def test_topic_survives_a_restart(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     data = tmp_path / "data"
     with fake_acker() as (acker, acker_address):
@@ -258,9 +295,9 @@ def test_topic_survives_a_restart(zookeeper: str, cluster_name: str, tmp_path: P
             assert records(subscribe(stub, 0, 0), 2) == [(0, 0, G10, "b1"), (0, 1, G20, "late")]
             assert records(subscribe(stub, 1, 0), 1) == [(1, 0, G11, "x")]
             # A restarted process does not take its predecessor's tick over: it waits for a newer one (what a
-            # recovery publishes), and so does a delivery.  Delivered first, so the tick cannot empty its buffer.
+            # recovery publishes), and so does a delivery of that tick, which the tick cannot empty its buffer of.
             with futures.ThreadPoolExecutor(1) as pool:
-                delivered = pool.submit(deliver, stub, batch([("again", G30, (0,), False)], {}))
+                delivered = pool.submit(deliver, stub, batch([("again", G30, (0,), False)], {}, tick=1))
                 publish_tick(zookeeper, cluster_name, fronts=(0, 1), start_ts=0, acker=acker_address,
                              barriers=((0, barrier.address), (1, barrier.address)))
                 delivered.result()
@@ -281,7 +318,8 @@ def test_with_the_real_acker_items_wait_for_their_receipt_ack(zookeeper: str, cl
                      barriers=((0, barrier.address),))
         assert read_until(watch, GlobalTime(0, 0)) == [GlobalTime(0, 0)]
         # As a worker: the send of an item at (10, 0) is acked; as its front: nothing below 50 any more.
-        acker_stub.Ack(iter([pb.AckBatch(acks=[pb.Ack(ts=10, front=0, xor=0xBEEF)], report=pb.Report(front=0, ts=50))]),
+        acker_stub.Ack(iter([pb.AckBatch(acks=[pb.Ack(ts=10, front=0, xor=0xBEEF)], report=pb.Report(front=0, ts=50),
+                                         tick=0)]),
                        timeout=RPC_TIMEOUT)
         # The item in flight holds the min time at (10, 0); nothing completed, so watchers hear nothing yet.
         deliver(stub, batch([("payload", G10, (0,), False)], {G10: 0xBEEF}))

@@ -369,8 +369,8 @@ def test_an_acker_exits_1_on_a_global_time_stuck_in_flight(zookeeper: str, clust
         publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=100, acker=address)
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.AckerStub(channel)
-            send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xA), ack(160, 0, 0xB)]), report(0, 1000),
-                        pb.AckBatch(acks=[ack(160, 0, 0xB)])])  # 160 completes, 150 stays in flight
+            send(stub, [pb.AckBatch(acks=[ack(150, 0, 0xA), ack(160, 0, 0xB)], tick=0), report(0, 1000),
+                        pb.AckBatch(acks=[ack(160, 0, 0xB)], tick=0)])  # 160 completes, 150 stays in flight
         assert acker.wait(60) == 1
     finally:
         if acker.poll() is None:

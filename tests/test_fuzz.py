@@ -223,7 +223,7 @@ _TRACES = st.lists(_ints(-(1 << 64), 1 << 64), max_size=3).map(tuple)
 _ENVELOPES = st.lists(st.tuples(_ints(-1, 1 << 32), st.none() | _ints(-(1 << 32), 1 << 32),
                                 st.tuples(_JSON, _TIMES, _TRACES, st.booleans())), max_size=4)
 _RECORDS = st.lists(st.tuples(st.none() | st.binary(max_size=40), _TIMES, _TRACES, st.booleans()), max_size=4)
-_ENCODED_BATCHES = st.builds(lambda entries: codec.encode_batch(entries, {}, 0).items, _ENVELOPES | _RECORDS)
+_ENCODED_BATCHES = st.builds(lambda entries: codec.encode_batch(entries, {}, 0, 0).items, _ENVELOPES | _RECORDS)
 """The ``items`` of well-formed batches of envelopes or of barrier items, their values anywhere in their ranges
 or past them (the acks travel in their own protobuf field)."""
 

@@ -45,9 +45,9 @@ def test_batch_round_trip_keeps_types_and_acks() -> None:
     gt = GlobalTime(17, 1)
     entries = [(3, -5, (("a", 1), gt, (0, 1 << 32), False)), (2, None, ({"k": [1, 2]}, gt, (1,), True))]
     acks = codec.new_acks([gt, GlobalTime(18, 0)])
-    msg = flamestream_pb2.ItemBatch.FromString(codec.encode_batch(entries, acks, sender=2).SerializeToString())
+    msg = flamestream_pb2.ItemBatch.FromString(codec.encode_batch(entries, acks, sender=2, tick=5).SerializeToString())
     assert codec.decode_batch(msg) == (entries, acks)
-    assert msg.sender == 2
+    assert msg.sender == 2 and msg.tick == 5
 
 
 def test_xor_into_combines_and_cancels() -> None:

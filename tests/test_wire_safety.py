@@ -108,7 +108,7 @@ def record_lists(draw: st.DrawFn) -> list[Item]:
 @given(entries=envelope_lists, sender=st.integers(-(2**31), INT32_MAX))
 def test_envelopes_round_trip_exactly(entries: list[Envelope], sender: int) -> None:
     acks = codec.new_acks({item[1] for _op, _h, item in entries})
-    batch = over_the_wire(codec.encode_batch(entries, acks, sender))
+    batch = over_the_wire(codec.encode_batch(entries, acks, sender, 0))
     decoded, got = codec.decode_envelopes(batch)
     assert exact(decoded, entries) and all(type(e[2][1]) is GlobalTime for e in decoded)
     assert got == acks and batch.sender == sender
@@ -118,14 +118,14 @@ def test_envelopes_round_trip_exactly(entries: list[Envelope], sender: int) -> N
 @settings(max_examples=200, deadline=None)
 @given(items=record_lists())
 def test_barrier_items_round_trip_exactly(items: list[Item]) -> None:
-    decoded, _acks = codec.decode_items(over_the_wire(codec.encode_batch(items, {}, 0)))
+    decoded, _acks = codec.decode_items(over_the_wire(codec.encode_batch(items, {}, 0, 0)))
     assert exact(decoded, items) and all(type(item[1]) is GlobalTime for item in decoded)
 
 
 def test_a_batch_keeps_what_json_would_lose() -> None:
     payload = ({1: "int key", (2, 3): "tuple key"}, 2**100, -0.0, math.nan, {frozenset({1}), "s"}, b"\x00", ())
     envelopes = [(4, -5, (payload, G, (0, 1 << 32), False)), (0, None, ("w", G, (), True))]
-    decoded, _ = codec.decode_envelopes(codec.encode_batch(envelopes, {}, 1))
+    decoded, _ = codec.decode_envelopes(codec.encode_batch(envelopes, {}, 1, 0))
     assert exact(decoded, envelopes)
 
 
@@ -144,7 +144,8 @@ class Exploit:
 def crafted_batch(marker: Path, items: bool = False) -> pb.ItemBatch:
     """A pickled batch of the old shape whose payload is an ``Exploit``."""
     item = (Exploit(marker), G, (0,), False)
-    return pb.ItemBatch(items=pickle.dumps([item] if items else [(0, None, item)], protocol=pickle.HIGHEST_PROTOCOL))
+    return pb.ItemBatch(items=pickle.dumps([item] if items else [(0, None, item)], protocol=pickle.HIGHEST_PROTOCOL),
+                        tick=0)
 
 
 def test_a_crafted_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
@@ -160,7 +161,7 @@ def test_a_crafted_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
     for data in (b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.",
                  b"(S'touch " + str(marker).encode() + b"'\nios\nsystem\n."):
         with pytest.raises(codec.BatchError, match=r"refusing to load os\.system"):
-            codec.decode_envelopes(pb.ItemBatch(items=data))
+            codec.decode_envelopes(pb.ItemBatch(items=data, tick=0))
     assert not marker.exists()
 
 
@@ -169,16 +170,16 @@ def test_a_crafted_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
 def test_garbage_is_refused_with_value_error_only(data: bytes) -> None:
     for decode in (codec.decode_envelopes, codec.decode_items, codec.decode_batch):
         with pytest.raises(codec.BatchError):
-            decode(pb.ItemBatch(items=data))
+            decode(pb.ItemBatch(items=data, tick=0))
 
 
 def test_every_truncation_of_a_batch_is_refused() -> None:
-    data = codec.encode_batch([(1, 7, ({"k": (1, 2)}, G, (3,), False))], {}, 0).items
+    data = codec.encode_batch([(1, 7, ({"k": (1, 2)}, G, (3,), False))], {}, 0, 0).items
     for end in range(len(data)):
         with pytest.raises(codec.BatchError):
-            codec.decode_envelopes(pb.ItemBatch(items=data[:end]))
+            codec.decode_envelopes(pb.ItemBatch(items=data[:end], tick=0))
     with pytest.raises(codec.BatchError, match="2 values"):
-        codec.decode_envelopes(pb.ItemBatch(items=data + data))
+        codec.decode_envelopes(pb.ItemBatch(items=data + data, tick=0))
 
 
 def envelope_body(**changes: Any) -> tuple[Any, ...]:
@@ -197,8 +198,8 @@ def items_body(**changes: Any) -> tuple[Any, ...]:
 
 
 def test_the_valid_bodies_below_are_valid() -> None:
-    assert len(codec.decode_envelopes(pb.ItemBatch(items=values.encode(envelope_body())))[0]) == 2
-    assert len(codec.decode_items(pb.ItemBatch(items=values.encode(items_body())))[0]) == 2
+    assert len(codec.decode_envelopes(pb.ItemBatch(items=values.encode(envelope_body()), tick=0))[0]) == 2
+    assert len(codec.decode_items(pb.ItemBatch(items=values.encode(items_body()), tick=0))[0]) == 2
 
 
 BIG = b"r" * 1000
@@ -251,7 +252,7 @@ MALFORMED_ITEMS = {
 @pytest.mark.parametrize("body, reason", MALFORMED_ENVELOPES.values(), ids=list(MALFORMED_ENVELOPES))
 def test_malformed_envelopes_are_refused_with_the_reason(body: tuple[Any, ...], reason: str) -> None:
     with pytest.raises(codec.BatchError, match=reason):
-        codec.decode_envelopes(pb.ItemBatch(items=values.encode(body)))
+        codec.decode_envelopes(pb.ItemBatch(items=values.encode(body), tick=0))
 
 
 @pytest.mark.parametrize("body, reason", MALFORMED_ITEMS.values(), ids=list(MALFORMED_ITEMS))
@@ -259,20 +260,20 @@ def test_malformed_barrier_items_are_refused_with_the_reason(body: tuple[Any, ..
     # pickle.dumps keeps the memo (values.encode writes a shared record once per reference): a crafted batch
     # may come from any pickler.
     with pytest.raises(codec.BatchError, match=reason):
-        codec.decode_items(pb.ItemBatch(items=pickle.dumps(body, pickle.HIGHEST_PROTOCOL)))
+        codec.decode_items(pb.ItemBatch(items=pickle.dumps(body, pickle.HIGHEST_PROTOCOL), tick=0))
 
 
 def test_what_cannot_cross_is_named_when_encoded_and_wrong_shapes_are_refused_when_decoded() -> None:
     point = collections.namedtuple("point", "x y")
     with pytest.raises(codec.BatchError, match="type point cannot be encoded"):
-        codec.encode_batch([(0, None, (point(1, 2), G, (0,), False))], {}, 0)
-    not_a_time = codec.encode_batch([(b"r", (G.ts, G.front), (0,), False)], {}, 0)  # a plain tuple is no time
+        codec.encode_batch([(0, None, (point(1, 2), G, (0,), False))], {}, 0, 0)
+    not_a_time = codec.encode_batch([(b"r", (G.ts, G.front), (0,), False)], {}, 0, 0)  # a plain tuple is no time
     with pytest.raises(codec.BatchError, match=r"nor an item .*: \(b'r', \(1700000000000, 0\)"):
         codec.decode_items(not_a_time)
-    mixed = codec.encode_batch([(0, None, ("a", G, (0,), False)), (b"r", G, (0,), False)], {}, 0)
+    mixed = codec.encode_batch([(0, None, ("a", G, (0,), False)), (b"r", G, (0,), False)], {}, 0, 0)
     with pytest.raises(codec.BatchError, match="envelopes and items mixed"):
         codec.decode_batch(mixed)
-    assert codec.decode_batch(codec.encode_batch([], {G: 5}, 0)) == ([], {G: 5})
+    assert codec.decode_batch(codec.encode_batch([], {G: 5}, 0, 0)) == ([], {G: 5})
 
 
 def test_a_sender_bug_in_a_global_time_is_refused_by_the_receiver_never_passed_on_as_another_time() -> None:
@@ -281,10 +282,10 @@ def test_a_sender_bug_in_a_global_time_is_refused_by_the_receiver_never_passed_o
     good = (0, None, ("a", G, (0,), False))
     for entries in ([(0, None, ("b", None, (0,), False)), good], [good, (0, None, ("b", None, (0,), False))]):
         with pytest.raises(codec.BatchError, match="nor an item"):
-            codec.decode_envelopes(codec.encode_batch(entries, {}, 0))
+            codec.decode_envelopes(codec.encode_batch(entries, {}, 0, 0))
     with pytest.raises(codec.BatchError, match="pairs of ints"):
-        codec.decode_envelopes(codec.encode_batch([(0, None, ("a", GlobalTime(1.5, 0), (0,), False))], {}, 0))
-    as_tuple = codec.encode_batch((good,), {}, 0)  # type: ignore[arg-type]  # a caller's tuple of entries
+        codec.decode_envelopes(codec.encode_batch([(0, None, ("a", GlobalTime(1.5, 0), (0,), False))], {}, 0, 0))
+    as_tuple = codec.encode_batch((good,), {}, 0, 0)  # type: ignore[arg-type]  # a caller's tuple of entries
     assert codec.decode_envelopes(as_tuple)[0] == [good]
 
 
@@ -302,7 +303,7 @@ def test_handlers_abort_their_own_call_on_a_bad_batch(tmp_path: Path) -> None:
     async def run() -> None:
         worker = WorkerService(0, LocalEndpoints())
         barrier = BarrierService(cast(Any, None), {}, LocalEndpoints())
-        for batch in (crafted_batch(marker), pb.ItemBatch(items=b"\x80\x05garbage")):
+        for batch in (crafted_batch(marker), pb.ItemBatch(items=b"\x80\x05garbage", tick=0)):
             with pytest.raises(LocalAbort) as aborted:
                 await worker.Exchange(requests(batch), cast(Any, LocalContext()))
             assert aborted.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -390,16 +391,16 @@ def test_hostile_batches_end_only_their_own_call(two_nodes: Cluster, tmp_path: P
     early = GlobalTime(1, 0)  # below the tick's start: no newer tick can own it, so a misfit is refused at once
     to_workers = {
         "a crafted pickle": crafted_batch(marker),
-        "garbage": pb.ItemBatch(items=os.urandom(64)),
-        "an operation the graph does not have": codec.encode_batch([(99, None, ("a", early, (0,), False))], {}, -1),
-        "a hash beyond int32": codec.encode_batch([(0, 2**40, ("a", early, (0,), False))], {}, -1),
-        "barrier items": codec.encode_batch([(b"r", early, (0,), False)], {}, -1),
+        "garbage": pb.ItemBatch(items=os.urandom(64), tick=0),
+        "an operation the graph does not have": codec.encode_batch([(99, None, ("a", early, (0,), False))], {}, -1, 0),
+        "a hash beyond int32": codec.encode_batch([(0, 2**40, ("a", early, (0,), False))], {}, -1, 0),
+        "barrier items": codec.encode_batch([(b"r", early, (0,), False)], {}, -1, 0),
     }
     to_barriers = {
         "a crafted pickle": crafted_batch(marker, items=True),
-        "garbage": pb.ItemBatch(items=b"\x80\x05\x95garbage"),
+        "garbage": pb.ItemBatch(items=b"\x80\x05\x95garbage", tick=0),
         "envelopes": to_workers["an operation the graph does not have"],
-        "an item of a partition it does not own": codec.encode_batch([(b"r", GlobalTime(1, 7), (0,), False)], {}, 0),
+        "an item of a partition it does not own": codec.encode_batch([(b"r", GlobalTime(1, 7), (0,), False)], {}, 0, 0),
     }
     lines = [f"the dog {i % 5} saw the cat {i % 3}" for i in range(80)]
     with cluster.client() as client:

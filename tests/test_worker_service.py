@@ -85,7 +85,7 @@ async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
         sent = codec.new_acks([gt])
         async with grpc.aio.insecure_channel(ready[2]) as channel:
             call = rpc.WorkerStub(channel).Exchange()
-            await call.write(codec.encode_batch(envelopes, sent, sender=-1))
+            await call.write(codec.encode_batch(envelopes, sent, sender=-1, tick=0))
             for _ in range(100):
                 records = [item for items, _ in stand_ins.delivered for item in items]
                 receipts = stand_ins.acks + [acks for _, acks in stand_ins.delivered]
@@ -139,7 +139,7 @@ def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: s
         gt = GlobalTime(1, 0)
         with grpc.insecure_channel(address) as channel, contextlib.suppress(grpc.RpcError):
             rpc.WorkerStub(channel).Exchange(iter([codec.encode_batch(
-                [(plan.entry, plan.entry_balance("a b"), ("a b", gt, (0,), False))], codec.new_acks([gt]), -1)]))
+                [(plan.entry, plan.entry_balance("a b"), ("a b", gt, (0,), False))], codec.new_acks([gt]), -1, 0)]))
         _, stderr = worker.communicate(timeout=60)
         assert worker.returncode not in (0, None)
         assert re.search(r"CRITICAL node-worker0 worker0: .*; worker0 is NOT_SERVING and the node stops", stderr), \

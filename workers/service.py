@@ -48,6 +48,7 @@ from flamestream.runtime.channels import Channels, LocalEndpoints
 from flamestream.runtime.hosting import StreamBroken
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
+from flamestream.runtime.tick_gate import TICK_WAIT
 from flamestream.storage.input_log import read_input_range
 from flamestream.storage.log import LogError
 from flamestream.storage.snapshots import (
@@ -78,9 +79,6 @@ SNAPSHOT_POLL = 0.05
 SNAPSHOT_WAIT_WARNING = 10.0
 """Seconds of such waiting between warnings in the log."""
 
-TICK_WAIT = 10.0
-"""Seconds an ``Exchange`` stream waits for a newer tick before it refuses envelopes that fit no tick it knows,
-but could fit one still on its way (see ``WorkerService._refusal``)."""
 TICK_POLL = 0.05
 """Seconds between looks for that newer tick."""
 
@@ -628,7 +626,8 @@ class WorkerService(rpc.WorkerServicer):
             # A piece's sends may all be in-process and never suspend: let the node's other roles and its health
             # check run between pieces, or a big step (a recovery's backlog) looks like a hung node.
             await asyncio.sleep(0)
-        await deployment.streams.write(tick.acker, transport.ACK, pb.AckBatch(acks=codec.ack_messages(acks)))
+        await deployment.streams.write(tick.acker, transport.ACK, pb.AckBatch(acks=codec.ack_messages(acks),
+                                                                                  tick=tick.number))
 
     async def _send(self, deployment: _Deployment, address: str, method: str, entries: list[Any],
                     gt_of: Callable[[Any], GlobalTime], acks: Acks) -> None:
@@ -643,7 +642,7 @@ class WorkerService(rpc.WorkerServicer):
             chunk = entries[start:start + self.batch_items]
             sent = codec.new_acks({gt_of(e) for e in chunk})
             try:
-                batch = codec.encode_batch(chunk, sent, self.index)
+                batch = codec.encode_batch(chunk, sent, self.index, deployment.tick.number)
             except codec.BatchError:
                 if method != transport.EXCHANGE:  # records are bytes already: a sender's bug, not an item's
                     raise
@@ -652,7 +651,7 @@ class WorkerService(rpc.WorkerServicer):
                 if not chunk:
                     continue
                 sent = codec.new_acks({gt_of(e) for e in chunk})
-                batch = codec.encode_batch(chunk, sent, self.index)
+                batch = codec.encode_batch(chunk, sent, self.index, deployment.tick.number)
             codec.xor_into(acks, sent)
             await deployment.streams.write(address, method, batch)
 
@@ -662,7 +661,7 @@ class WorkerService(rpc.WorkerServicer):
         dead: list[Item] = []
         for envelope in envelopes:
             try:
-                codec.encode_batch([envelope], {}, self.index)
+                codec.encode_batch([envelope], {}, self.index, deployment.tick.number)
             except codec.BatchError as exc:
                 op, _h, (payload, gt, trace, tomb) = envelope
                 dead.append((dead_letter(deployment.core.plan.names[op], exc, payload), gt, trace, tomb))

@@ -121,8 +121,9 @@ _SIZES = {_EMPTY: 1, _ENVELOPES: 8, _ITEMS: 6, _MALFORMED: 2}
 _KINDS = {_ENVELOPES: "envelopes", _ITEMS: "items"}
 
 
-def encode_batch(entries: list[Any], acks: dict[GlobalTime, int], sender: int) -> pb.ItemBatch:
-    """One message of envelopes (to a worker) or items (to a barrier) with the acks of their sending.
+def encode_batch(entries: list[Any], acks: dict[GlobalTime, int], sender: int, tick: int) -> pb.ItemBatch:
+    """One message of envelopes (to a worker) or items (to a barrier) with the acks of their sending, from
+    ``sender`` running tick ``tick``.
 
     ``BatchError`` if a payload is not a plain value (see the module docstring).
     Entries that are neither all envelopes nor all items are not refused here:
@@ -139,7 +140,7 @@ def encode_batch(entries: list[Any], acks: dict[GlobalTime, int], sender: int) -
         body = (_ENVELOPES, *flat[1:])
     else:
         body = (_ITEMS, *flat[3:])
-    return pb.ItemBatch(items=_encode(body), acks=ack_messages(acks), sender=sender)
+    return pb.ItemBatch(items=_encode(body), acks=ack_messages(acks), sender=sender, tick=tick)
 
 
 def _encode(body: tuple[Any, ...]) -> bytes:
@@ -184,7 +185,9 @@ def decode_envelopes(batch: pb.ItemBatch) -> tuple[list[Envelope], dict[GlobalTi
 
 def decode_items(batch: pb.ItemBatch) -> tuple[list[Item], dict[GlobalTime, int]]:
     """What a barrier receives: items whose payload is a serialized record, or None for a tombstone, and the acks
-    (``columns.items_of``: the records add up to no more bytes than the message)."""
+    (``columns.items_of``: the records add up to no more bytes than the message); the batch must name its tick."""
+    if not batch.HasField("tick"):
+        raise BatchError("an item batch to a barrier must name its sender's tick")
     return _decode(batch.items, _ITEMS), acks_of(batch.acks)
 
 

@@ -53,14 +53,16 @@ class Ack(_message.Message):
     def __init__(self, ts: _Optional[int] = ..., front: _Optional[int] = ..., xor: _Optional[int] = ...) -> None: ...
 
 class ItemBatch(_message.Message):
-    __slots__ = ("items", "acks", "sender")
+    __slots__ = ("items", "acks", "sender", "tick")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    TICK_FIELD_NUMBER: _ClassVar[int]
     items: bytes
     acks: _containers.RepeatedCompositeFieldContainer[Ack]
     sender: int
-    def __init__(self, items: _Optional[bytes] = ..., acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., sender: _Optional[int] = ...) -> None: ...
+    tick: int
+    def __init__(self, items: _Optional[bytes] = ..., acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., sender: _Optional[int] = ..., tick: _Optional[int] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("front", "ts")
@@ -71,12 +73,14 @@ class Report(_message.Message):
     def __init__(self, front: _Optional[int] = ..., ts: _Optional[int] = ...) -> None: ...
 
 class AckBatch(_message.Message):
-    __slots__ = ("acks", "report")
+    __slots__ = ("acks", "report", "tick")
     ACKS_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    TICK_FIELD_NUMBER: _ClassVar[int]
     acks: _containers.RepeatedCompositeFieldContainer[Ack]
     report: Report
-    def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
+    tick: int
+    def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., tick: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("partition", "from_offset")
