@@ -33,7 +33,7 @@ def test_a_tick_that_never_comes_is_refused_after_the_timeout() -> None:
     async def scenario() -> None:
         gate = TickGate()
         gate.deploy(3, fresh=True)
-        with pytest.raises(TickNotDeployed, match="tick 9 was not deployed here within 0.05s"):
+        with pytest.raises(TickNotDeployed, match=r"tick 9 was not deployed here within 0\.05s"):
             await gate.admit(9, timeout=0.05)
 
     asyncio.run(scenario())
