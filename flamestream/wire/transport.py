@@ -28,7 +28,9 @@ GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.keepalive_time_ms", KEEPALIVE_MS[0]),
                 ("grpc.keepalive_timeout_ms", KEEPALIVE_MS[1]),
                 ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS[1])]
+                # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS: the name differs from the constant's, and
+                # gRPC ignores a name it does not know (``min_recv_...`` was set here, so idle streams broke).
+                ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS[1])]
 
 EXCHANGE = "/flamestream.Worker/Exchange"
 DELIVER = "/flamestream.Barrier/Deliver"
