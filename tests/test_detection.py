@@ -34,7 +34,7 @@ from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
 from flamestream.wire.transport import GRPC_OPTIONS, KEEPALIVE_MS
 from tests.netns import veth_pair
-from tests.test_acker_service import REPO, ack, publish_tick, report, send
+from tests.test_acker_service import REPO, ack, publish_tick, report, running, send
 from tests.test_nodes import eventually
 from tests.test_recovery import _kill_and_check, _node
 
@@ -320,20 +320,17 @@ def test_an_idle_stream_over_a_cut_link_is_reported_broken_by_the_keepalive(tmp_
 
 
 @pytest.mark.slow
-def test_an_idle_stream_outlives_the_keepalive_pings(zookeeper: str, cluster_name: str) -> None:
+def test_an_idle_stream_outlives_the_keepalive_pings(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     """The other side of the keepalive: a healthy stream that sits idle (a min-time watch on an idle cluster) must
     not be cut by the server as a ping abuser.  With the server's ping interval set under a name gRPC does not know,
     the third unanswered-by-data ping (~30 s) drew a GOAWAY "too_many_pings" and the stream broke: a node exit and
     a recovery on every idle half-minute."""
-    acker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--name", "acker", "--zookeeper",
-                              zookeeper, "--cluster", cluster_name, "--acker"], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert acker.stdout is not None
-        address = acker.stdout.readline().split()[2]
-        publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=100, acker=address)
+    args = ["--zookeeper", zookeeper, "--cluster", cluster_name, "--acker"]
+    with running("acker", args, tmp_path / "acker.err") as acker:
+        publish_tick(zookeeper, cluster_name, fronts=(0,), start_ts=100, acker=acker.address)
         # The options every member's channels use (a channel of its own: the acks below must not be its traffic).
-        with grpc.insecure_channel(address, options=GRPC_OPTIONS) as idle, grpc.insecure_channel(address) as other:
+        with grpc.insecure_channel(acker.address, options=GRPC_OPTIONS) as idle, \
+                grpc.insecure_channel(acker.address) as other:
             watch = pb_grpc.AckerStub(idle).WatchMinTime(pb.Empty(), timeout=120)
             assert next(watch) == pb.GlobalTime(ts=100, front=0)
             time.sleep(4 * KEEPALIVE_MS[0] / 1000)  # four pings without data
@@ -341,9 +338,6 @@ def test_an_idle_stream_outlives_the_keepalive_pings(zookeeper: str, cluster_nam
                                             report(0, 200)])
             assert next(watch) == pb.GlobalTime(ts=200, front=0)  # the watch is still there
             watch.cancel()
-    finally:
-        acker.kill()
-        acker.wait()
 
 
 @pytest.mark.slow
