@@ -25,7 +25,7 @@ from flamestream.runtime import hosting, logs, tls
 from flamestream.runtime.channels import LocalEndpoints
 from flamestream.runtime.node import Node, Role, add_arguments, timeout_seconds
 from flamestream.wire.security import Credentials
-from flamestream.workers.service import WorkerRole
+from flamestream.workers.service import MAX_SNAPSHOT_STRIDE, SNAPSHOT_CPU_SHARE, WorkerRole
 
 
 def _count(low: int, what: str) -> Callable[[str], int]:
@@ -41,6 +41,17 @@ def _count(low: int, what: str) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _share(text: str) -> float:
+    """An argparse type for a share of the CPU: a number above 0, at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a share must be above 0 and at most 1, got {text}")
+    return value
 
 
 def _partitions(text: str) -> tuple[int, ...]:
@@ -75,6 +86,10 @@ def add_role_arguments(parser: argparse.ArgumentParser) -> None:
                              "the min time passes it (DIR/snapshots; needs --data-dir); 0 = off (default 1000)")
     worker.add_argument("--snapshot-retention", type=_count(1, "--snapshot-retention"), default=2,
                         help="complete snapshots kept; older ones are deleted (default 2)")
+    worker.add_argument("--snapshot-cpu-share", type=_share, default=SNAPSHOT_CPU_SHARE, metavar="SHARE",
+                        help="a worker whose last periodic snapshot took more CPU than this share of the interval "
+                             f"skips boundaries, up to {MAX_SNAPSHOT_STRIDE - 1} in a row (default "
+                             f"{SNAPSHOT_CPU_SHARE:g})")
     worker.add_argument("--memory-budget-mb", type=_count(0, "--memory-budget-mb"), default=0, metavar="MB",
                         help="while the process is resident above this, the fronts admit nothing (pushes wait, then "
                              "get RESOURCE_EXHAUSTED naming the worker) until it is back under 90%% of it; 0 = no "
@@ -142,6 +157,7 @@ async def serve(args: argparse.Namespace) -> int:
         roles.append(WorkerRole(args.worker, store, args.data_dir, batch_items=args.batch_items,
                                 linger_ms=args.linger_ms, snapshot_interval_ms=args.snapshot_interval_ms,
                                 snapshot_retention=args.snapshot_retention,
+                                snapshot_cpu_share=args.snapshot_cpu_share,
                                 memory_budget_mb=args.memory_budget_mb))
     if args.front is not None:
         roles.append(await FrontRole.open(args.front, args.data_dir, local, store,

@@ -25,6 +25,7 @@ from flamestream.storage.snapshots import (
     snapshot_path,
     write_snapshot,
 )
+from flamestream.workers.service import MAX_SNAPSHOT_STRIDE, snapshot_stride
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=2**70),
                     st.floats(allow_nan=False), st.text(), st.binary(max_size=20))
@@ -251,3 +252,15 @@ def test_a_value_past_the_fast_limit_is_written_again_with_the_memo_and_the_next
     assert values.decode_all(b"".join(parts)) == [["small"], big, ("after", 1), {"x": big[:3]}]
     with pytest.raises(ValueError, match="type object cannot be encoded"):
         values.encode([object()] + big)  # not plain: refused on the memo path too
+
+
+def test_the_snapshot_stride_keeps_snapshots_within_their_cpu_share() -> None:
+    """The smallest power of two of intervals whose share covers the last snapshot's CPU, capped: strides that
+    differ between workers still meet (every multiple of 8 is one of 4), and a recovery never replays more than
+    ``MAX_SNAPSHOT_STRIDE`` intervals past the last complete snapshot."""
+    assert [snapshot_stride(cpu, 1.0, 0.1, 1) for cpu in (0.0, 0.1, 0.10001, 0.2, 0.3, 0.8, 5.0)] == \
+        [1, 1, 2, 2, 4, 8, MAX_SNAPSHOT_STRIDE]
+    assert snapshot_stride(0.3, 0.5, 0.5, 1) == 2  # the interval and the share count alike
+    # Lowered only where twice the cost fits, so a cost near a step does not flip the stride at every snapshot.
+    assert [snapshot_stride(cpu, 1.0, 0.1, 8) for cpu in (0.39, 0.2, 0.19, 0.05, 0.0)] == [8, 4, 4, 1, 1]
+    assert MAX_SNAPSHOT_STRIDE & (MAX_SNAPSHOT_STRIDE - 1) == 0

@@ -74,6 +74,12 @@ LOAD_REPORT_EVERY = 2.0
 MEMORY_CHECK_EVERY = 1.0
 """Seconds between looks at the process's memory against ``--memory-budget-mb``."""
 
+SNAPSHOT_CPU_SHARE = 0.1
+"""Default ``--snapshot-cpu-share``: the share of CPU periodic snapshots may take (see ``snapshot_stride``)."""
+MAX_SNAPSHOT_STRIDE = 8
+"""At most every this many boundaries a periodic snapshot is taken, whatever it costs: a recovery replays the
+input since the last complete one."""
+
 SNAPSHOT_POLL = 0.05
 """Seconds between looks at ZooKeeper while a new tick waits for its previous tick's snapshot to complete."""
 SNAPSHOT_WAIT_WARNING = 10.0
@@ -119,11 +125,40 @@ def _catch_up(graph: dict[str, Any], state: WorkerState, start: GlobalTime, stop
     return core.snapshot(stop), len(events)
 
 
-def _write_changes(image: SnapshotImage, changes: WorkerState, path: Path, *, boundary: GlobalTime, worker: int,
-                   tick: int) -> SnapshotInfo:
-    """Encode ``changes`` into ``image`` and write it, both in the writer's thread: encoding is most of the cost."""
+def _write_changes(image: SnapshotImage, changes: WorkerState, spent: list[float], path: Path, *,
+                   boundary: GlobalTime, worker: int, tick: int) -> SnapshotInfo:
+    """Encode ``changes`` into ``image`` and write it, both in the writer's thread: encoding is most of the cost.
+    The thread's CPU seconds for it are appended to ``spent``."""
+    started = time.thread_time()
     image.update(changes)
-    return image.write(path, boundary=boundary, worker=worker, tick=tick)
+    info = image.write(path, boundary=boundary, worker=worker, tick=tick)
+    spent.append(time.thread_time() - started)
+    return info
+
+
+def snapshot_stride(cpu: float, interval: float, share: float, current: int) -> int:
+    """Every how many snapshot boundaries (``interval`` seconds apart) to take a periodic snapshot, now that the
+    last one, taken at stride ``current``, cost ``cpu`` seconds: the smallest power of two that keeps snapshots
+    within ``share`` of the CPU, at most ``MAX_SNAPSHOT_STRIDE``.  Lowered only as far as twice the cost would
+    still fit: a snapshot's cost hardly shrinks with the stride (the same keys change, and the file is whole),
+    and without that margin the stride flipped between 4 and 8 at every snapshot.
+
+    Why: a snapshot file is the whole state, and what changed in a second
+    is encoded again whole per key: an inverted index's posting lists grow
+    with its input, and after ten minutes at 20 pages/s a worker spent
+    half its CPU on snapshots every second, holding the interpreter lock
+    while it pickled, so every record waited.  A power of two, because
+    a snapshot is complete only where every worker took one: workers that
+    chose different strides still meet at the multiples of the largest.
+    """
+    def fitting(cost: float) -> int:
+        stride = 1
+        while stride < MAX_SNAPSHOT_STRIDE and cost > share * interval * stride:
+            stride *= 2
+        return stride
+
+    stride = fitting(cpu)
+    return stride if stride >= current else min(current, fitting(2 * cpu))
 
 
 def _meets(layout: Layout, member: str, lo: int, hi: int) -> bool:
@@ -158,7 +193,8 @@ class _Deployment:
 class WorkerService(rpc.WorkerServicer):
     def __init__(self, index: int, local: LocalEndpoints, store: ClusterStore | None = None,
                  data_dir: Path | None = None, batch_items: int = 256, linger_ms: float = 0.0,
-                 snapshot_interval_ms: int = 1000, snapshot_retention: int = 2, memory_budget_mb: int = 0) -> None:
+                 snapshot_interval_ms: int = 1000, snapshot_retention: int = 2, memory_budget_mb: int = 0,
+                 snapshot_cpu_share: float = SNAPSHOT_CPU_SHARE) -> None:
         self.index = index
         self.name = f"worker{index}"
         self.local = local
@@ -170,6 +206,10 @@ class WorkerService(rpc.WorkerServicer):
         self.linger = linger_ms / 1000
         self.snapshot_interval = snapshot_interval_ms if data_dir is not None and store is not None else 0
         self.snapshot_retention = snapshot_retention
+        self.snapshot_cpu_share = snapshot_cpu_share
+        self.snapshot_stride = 1
+        """Periodic snapshots are taken below boundaries ``k * snapshot_interval`` with ``k`` a multiple of this
+        (a power of two, see ``snapshot_stride``)."""
         self.inbox: asyncio.Queue[_Inbound] = asyncio.Queue()
         self.load = [0] * LOAD_BUCKETS
         """Items processed per hash bucket (envelopes with a hash), for ``deploy --rebalance``."""
@@ -417,11 +457,13 @@ class WorkerService(rpc.WorkerServicer):
                 previous.core.on_min_time(min_time)
         if current is not None and current.restored.is_set():
             boundary = self._boundary(min_time)
-            # Only when the min time first passes a boundary (no trim passed it yet), and not while the previous
-            # snapshot is being written (that boundary is skipped; the changes wait for the next one).
+            # Only when the min time first passes a boundary (no trim passed it yet), on the stride, and not while
+            # the previous snapshot is being written (that boundary is skipped; the changes wait for the next one).
             if boundary is not None and current.trimmed <= boundary and boundary > current.snapshotted and (
+                    boundary.ts // self.snapshot_interval % self.snapshot_stride == 0) and (
                     self._writing is None or self._writing.done()):
                 current.snapshotted = boundary
+                started = time.thread_time()
                 if current.image is None:  # the last write failed, perhaps halfway: rebuild from the whole state
                     current.image = SnapshotImage()
                     current.core.snapshot_changes(boundary)  # what it reports is in the whole state too
@@ -429,8 +471,9 @@ class WorkerService(rpc.WorkerServicer):
                 else:
                     changes = current.core.snapshot_changes(boundary)
                 assert self.supervisor is not None
-                self._writing = self.supervisor.spawn(self.name, f"snapshot below {boundary_name(boundary)}",
-                                                      self._periodic(current, boundary, changes), finite=True)
+                self._writing = self.supervisor.spawn(
+                    self.name, f"snapshot below {boundary_name(boundary)}",
+                    self._periodic(current, boundary, changes, time.thread_time() - started), finite=True)
             current.core.on_min_time(min_time)
             current.trimmed = max(current.trimmed, min_time)
 
@@ -440,16 +483,25 @@ class WorkerService(rpc.WorkerServicer):
             return None
         return GlobalTime(min_time.ts // self.snapshot_interval * self.snapshot_interval, 0)
 
-    async def _periodic(self, deployment: _Deployment, boundary: GlobalTime, changes: WorkerState) -> None:
-        """A periodic snapshot from the ``changes`` since the previous one.  If it fails (a full disk), the
-        next one rebuilds the image from the whole state, and the worker is SERVING again once one succeeds."""
+    async def _periodic(self, deployment: _Deployment, boundary: GlobalTime, changes: WorkerState,
+                        cpu: float) -> None:
+        """A periodic snapshot from the ``changes`` since the previous one (``cpu``: the seconds taking them
+        cost the event loop).  If it fails (a full disk), the next one rebuilds the image from the whole state,
+        and the worker is SERVING again once one succeeds."""
         image = deployment.image
         assert image is not None and self.supervisor is not None
+        spent: list[float] = []
         try:
-            await self._write(deployment, boundary, functools.partial(_write_changes, image, changes))
+            await self._write(deployment, boundary, functools.partial(_write_changes, image, changes, spent))
         except Exception:
             deployment.image = None
             raise
+        stride = snapshot_stride(cpu + sum(spent), self.snapshot_interval / 1000, self.snapshot_cpu_share,
+                                 self.snapshot_stride)
+        if stride != self.snapshot_stride:
+            self.log.info("a snapshot cost %.3f s of CPU: snapshots every %d interval(s) from now on",
+                          cpu + sum(spent), stride)
+            self.snapshot_stride = stride
         await self.supervisor.recovered(self.name, "snapshot below")
 
     async def _write(self, deployment: _Deployment, boundary: GlobalTime, write: Callable[..., SnapshotInfo]) -> None:
@@ -724,11 +776,13 @@ class WorkerRole:
 
     def __init__(self, index: int, store: ClusterStore | None = None, data_dir: Path | None = None, *,
                  batch_items: int = 256, linger_ms: float = 0.0, snapshot_interval_ms: int = 1000,
-                 snapshot_retention: int = 2, memory_budget_mb: int = 0) -> None:
+                 snapshot_retention: int = 2, memory_budget_mb: int = 0,
+                 snapshot_cpu_share: float = SNAPSHOT_CPU_SHARE) -> None:
         self.index = index
         self.name = f"worker{index}"
         self._store, self._data_dir = store, data_dir
-        self._options = (batch_items, linger_ms, snapshot_interval_ms, snapshot_retention, memory_budget_mb)
+        self._options = (batch_items, linger_ms, snapshot_interval_ms, snapshot_retention, memory_budget_mb,
+                         snapshot_cpu_share)
         self.service: WorkerService | None = None
 
     def info(self) -> dict[str, Any]:
