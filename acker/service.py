@@ -36,7 +36,7 @@ from flamestream.core.tick import Tick
 from flamestream.runtime.channels import LocalEndpoints
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
-from flamestream.runtime.tick_gate import TickGate, TickNotDeployed
+from flamestream.runtime.tick_gate import TickGate
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
@@ -180,11 +180,8 @@ class AckerService(pb_grpc.AckerServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an ack batch must name its sender's tick")
             # A sender that saw the tick first must not lose acks: it only learns of a rejected stream on a
             # later write, after the rejected message is gone.  So acks wait for the tick instead.
-            try:
-                if not await self._gate.admit(message.tick):
-                    continue  # the table of its global times was replaced (see the module's docstring)
-            except TickNotDeployed as exc:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            if not await self._gate.admitted(message.tick, context):
+                continue  # the table of its global times was replaced (see the module's docstring)
             table = self._table
             assert table is not None
             has_report = message.HasField("report")

@@ -44,7 +44,7 @@ from flamestream.runtime import hosting
 from flamestream.runtime.channels import Channels, LocalEndpoints
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
-from flamestream.runtime.tick_gate import TickGate, TickNotDeployed
+from flamestream.runtime.tick_gate import TickGate
 from flamestream.storage.log import LogError, SegmentedLog, disk_full
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
@@ -328,14 +328,11 @@ class BarrierService(pb_grpc.BarrierServicer):
             # Items may come from a worker that saw the tick first; rejecting would lose the batch already
             # written (the sender only learns on its next write), so they wait for the tick instead.  Inserted
             # earlier, they would be dropped with the old tick's buffers, and their acks go to the old table.
-            try:
-                if not await self._gate.admit(batch.tick):
-                    # A fresh tick dropped its tick's buffers, and the acker its global times.
-                    role_logger(self.name).info("dropped %d items of tick %d, whose buffers a fresh tick replaced",
-                                                len(items), batch.tick)
-                    continue
-            except TickNotDeployed as exc:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            if not await self._gate.admitted(batch.tick, context):
+                # A fresh tick dropped its tick's buffers, and the acker its global times.
+                role_logger(self.name).info("dropped %d items of tick %d, whose buffers a fresh tick replaced",
+                                            len(items), batch.tick)
+                continue
             link = self._link
             assert link is not None, "a deployed tick has an acker link"
             if link.error is not None:

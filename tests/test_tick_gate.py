@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
+from flamestream.runtime.channels import LocalAbort, LocalContext
 from flamestream.runtime.tick_gate import TickGate, TickNotDeployed
 
 
@@ -35,5 +37,18 @@ def test_a_tick_that_never_comes_is_refused_after_the_timeout() -> None:
         gate.deploy(3, fresh=True)
         with pytest.raises(TickNotDeployed, match=r"tick 9 was not deployed here within 0\.05s"):
             await gate.admit(9, timeout=0.05)
+        assert await gate.admitted(3, LocalContext())
+
+    asyncio.run(scenario())
+
+
+def test_a_handler_call_whose_tick_never_comes_ends_with_failed_precondition() -> None:
+    async def scenario() -> None:
+        gate = TickGate()
+        gate.deploy(3, fresh=True)
+        with pytest.raises(LocalAbort) as aborted:
+            await gate.admitted(4, LocalContext(), timeout=0.05)
+        assert aborted.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "tick 4 was not deployed here within" in aborted.value.details
 
     asyncio.run(scenario())

@@ -16,6 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import NoReturn, Protocol
+
+import grpc
 
 TICK_WAIT = 10.0
 """Seconds a message may wait for its tick to be deployed here before it is refused."""
@@ -23,6 +26,12 @@ TICK_WAIT = 10.0
 
 class TickNotDeployed(Exception):
     """A message named a tick that did not reach this role within ``TICK_WAIT``."""
+
+
+class Aborting(Protocol):
+    """What ``admitted`` needs of a call's context: a gRPC one, or a node's ``LocalContext``."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
 
 
 class TickGate:
@@ -58,3 +67,10 @@ class TickGate:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._deployed.wait(), remaining)
         return tick >= self._since
+
+    async def admitted(self, tick: int, context: Aborting, timeout: float = TICK_WAIT) -> bool:
+        """``admit`` for a streaming handler: a tick that never comes ends the call with FAILED_PRECONDITION."""
+        try:
+            return await self.admit(tick, timeout)
+        except TickNotDeployed as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
