@@ -190,18 +190,29 @@ def test_kill_9_during_a_snapshot_write(cluster_dir: Path, zookeeper: str, clust
 @pytest.mark.parametrize("moment", ["registered", "published"])
 def test_second_kill_while_recovering(cluster_dir: Path, zookeeper: str, cluster_name: str, moment: str) -> None:
     """worker1 dies; then, during the recovery, a second process: ``registered`` — the restarted worker1 again,
-    as soon as it registered as recovering (before any recovery tick); ``published`` — front0, as soon as the
-    recovery tick is out (while the fronts re-send their logs), which takes a second recovery tick."""
+    as soon as it registered as recovering (before any recovery tick, while front0 is stopped); ``published`` —
+    front0, as soon as the recovery tick is out (while the fronts re-send their logs), which takes a second
+    recovery tick."""
 
     def kill(store: ClusterStore) -> int:
         ticks = len(store.ticks())
         first = _node(cluster_dir, "worker1")["pid"]
-        _kill_9(cluster_dir, "worker1")
         if moment == "registered":
-            eventually(lambda: recovery.RECOVERING in store.members(WORKER).get("worker1", {}),
-                       "the restarted worker1 registered as recovering")
-            assert _recovery_ticks(store, ticks) == 0 and _node(cluster_dir, "worker1")["pid"] != first
-            return _kill_9(cluster_dir, "worker1")
+            # front0 held still until the second kill: the recovery tick needs every process of the tick to have
+            # restarted, and the peers that restart on their own could otherwise all be back before worker1,
+            # which then completes the roster and the tick is out before this test can look.
+            front = _node(cluster_dir, "front0")["pid"]
+            os.kill(front, signal.SIGSTOP)
+            try:
+                _kill_9(cluster_dir, "worker1")
+                eventually(lambda: recovery.RECOVERING in store.members(WORKER).get("worker1", {}),
+                           "the restarted worker1 registered as recovering")
+                assert _recovery_ticks(store, ticks) == 0 and _node(cluster_dir, "worker1")["pid"] != first
+                return _kill_9(cluster_dir, "worker1")
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # the supervisor may have taken it for hung
+                    os.kill(front, signal.SIGCONT)
+        _kill_9(cluster_dir, "worker1")
         eventually(lambda: _recovery_ticks(store, ticks) >= 1, "the first recovery tick", timeout=120)
         return _kill_9(cluster_dir, "front0") + 1
 
