@@ -143,13 +143,13 @@ def snapshot_stride(cpu: float, interval: float, share: float, current: int) -> 
     last one, taken at stride ``current``, cost ``cpu`` seconds: the smallest power of two that keeps snapshots
     within ``share`` of the CPU, at most ``MAX_SNAPSHOT_STRIDE``.  Lowered only as far as twice the cost would
     still fit: a snapshot's cost hardly shrinks with the stride (the same keys change, and the file is whole),
-    and without that margin the stride flipped between 4 and 8 at every snapshot.
+    and without that margin the stride flipped between 4 and 8 (then the cap) at every snapshot.
 
     Why: a snapshot file is the whole state, and what changed in a second
     is encoded again whole per key: an inverted index's posting lists grow
-    with its input, and after ten minutes at 20 pages/s a worker spent
-    half its CPU on snapshots every second, holding the interpreter lock
-    while it pickled, so every record waited.  A power of two, because
+    with its input, and seven minutes into a run at 20 pages/s snapshots
+    every second took 43 % of a worker's node, holding the interpreter
+    lock while they pickled, so every record waited.  A power of two, because
     a snapshot is complete only where every worker took one: workers that
     chose different strides still meet at the multiples of the largest.
     """
@@ -498,11 +498,10 @@ class WorkerService(rpc.WorkerServicer):
         except Exception:
             deployment.image = None
             raise
-        stride = snapshot_stride(cpu + sum(spent), self.snapshot_interval / 1000, self.snapshot_cpu_share,
-                                 self.snapshot_stride)
+        cost = cpu + sum(spent)
+        stride = snapshot_stride(cost, self.snapshot_interval / 1000, self.snapshot_cpu_share, self.snapshot_stride)
         if stride != self.snapshot_stride:
-            self.log.info("a snapshot cost %.3f s of CPU: snapshots every %d interval(s) from now on",
-                          cpu + sum(spent), stride)
+            self.log.info("a snapshot cost %.3f s of CPU: snapshots every %d interval(s) from now on", cost, stride)
             self.snapshot_stride = stride
         await self.supervisor.recovered(self.name, "snapshot below")
 
