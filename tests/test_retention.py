@@ -292,23 +292,28 @@ def test_a_damaged_hand_over_snapshot_falls_back_to_an_older_one_or_refuses(
     own = comparable({name: [b for b in buckets if Layout.even(2).owner(b[0]) == 0] for name, buckets in whole.items()})
     assert own != expected
 
-    state, files, how = service._handed_over(tick, 0, previous, complete)
+    state, files, how, known = service._handed_over(tick, 0, previous, complete)
     assert (comparable(state), files, how) == (own, 1, "")  # intact: its own file of the snapshot below T
+    # with each bucket's chunk as read, for the worker's snapshot image
+    assert known is not None
+    assert {name: set(chunks) for name, chunks in known.items()} == {
+        name: {key for _h, key, _entries in buckets} for name, buckets in state.items() if buckets}
 
     flip(newest_files[1])  # another worker's file: not read by this one
-    assert service._handed_over(tick, 0, previous, complete)[1:] == (1, "")
+    assert service._handed_over(tick, 0, previous, complete)[1:3] == (1, "")
 
     flip(newest_files[0])
     with caplog.at_level(logging.WARNING):
-        state, files, how = service._handed_over(tick, 0, previous, complete)
-    # rebuilt from an older snapshot: all of it, as re-processing the events crosses ranges
+        state, files, how, known = service._handed_over(tick, 0, previous, complete)
+    # rebuilt from an older snapshot: all of it, as re-processing the events crosses ranges; no chunks to reuse
     assert comparable(state) == expected and f"older snapshot below {boundary_name(older)}" in how and files == 2
+    assert known is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(str(newest_files[0]) in w and "is corrupted: its checksum does not match" in w for w in warnings)
     assert any("from its older snapshot below" in w for w in warnings)
 
     older_files[0].write_bytes(older_files[0].read_bytes()[:100])  # torn: the next older one is used then
-    state, _files, how = service._handed_over(tick, 0, previous, complete)
+    state, _files, how, _known = service._handed_over(tick, 0, previous, complete)
     assert comparable(state) == expected and f"below {boundary_name(oldest)}" in how
 
     flip(Path(store.registered[boundary_name(oldest)]["worker0"]["path"]))  # none left: refused, loudly
@@ -316,6 +321,53 @@ def test_a_damaged_hand_over_snapshot_falls_back_to_an_older_one_or_refuses(
                                            r"snapshot is intact and usable .*processes nothing rather than start "
                                            r"from a wrong state"):
         service._handed_over(tick, 0, previous, complete)
+
+
+def test_a_worker_that_takes_a_snapshot_over_starts_its_image_from_the_chunks_it_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_take_over``: the core holds the worker's share of the snapshot and reports none of it as changed, and
+    its snapshot image is that file's buckets as read, encoded by nobody: written at the same boundary it is
+    the same file, and a change after the take-over encodes just its bucket."""
+    from flamestream.core import values
+    from flamestream.core.plan import compile_graph
+    from flamestream.core.tick import Tick
+    from flamestream.core.worker import Worker
+    from flamestream.workers.service import _Deployment
+
+    graph = wordcount.graph()
+    stamped = stamp_inputs(LINES, 2, per_ms=2)
+    at = stamped[90][1]
+    store = FakeStore()
+    own_file = write_complete(tmp_path, store, state_at(graph, stamped, at), at)[0]
+    service = WorkerService(0, LocalEndpoints(), store, tmp_path)  # type: ignore[arg-type]
+    tick = Tick(number=1, start=at, graph=graph.to_dict(), layout=Layout.even(2), previous=0)
+    previous = {"graph": graph.to_dict(), "workers": ["a", "b"], "layout": list(Layout.even(2).starts)}
+    deployment = _Deployment(tick, Worker(compile_graph(graph), 0, tick.layout), LocalEndpoints(), lambda _: None)
+    assert deployment.image is not None
+    encoded: list[Any] = []
+    encode_each = values.encode_each
+
+    def counted(each: Any) -> Any:
+        for value in each:
+            encoded.append(value)
+            yield from encode_each([value])
+
+    monkeypatch.setattr(values, "encode_each", counted)
+    assert service._take_over(deployment, 0, previous, [boundary_name(at)]) == (1, "")
+    assert encoded == []
+
+    _info, own = read_snapshot(own_file)
+    assert own and comparable(deployment.core.snapshot(at)) == comparable(own)
+    assert all(not buckets for buckets in deployment.core.snapshot_changes(at).values())
+    again = snapshot_path(tmp_path / "again", at, 0)
+    deployment.image.write(again, boundary=at, worker=0, tick=0)
+    assert again.read_bytes() == own_file.read_bytes()
+
+    name, buckets = next((n, b) for n, b in own.items() if b)
+    h, key, entries = buckets[0]
+    encoded.clear()  # the write encoded each grouping's name
+    deployment.image.update({name: [(h, key, entries)]})  # a change: only its bucket is encoded
+    assert len(encoded) == 1 and encoded[0][0] == name
 
 
 def test_a_fallback_without_the_events_in_between_is_refused(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.core.worker import Worker, WorkerState, front_envelopes, merge_states
 from flamestream.runtime.channels import Channels, LocalEndpoints
+from flamestream.runtime.heap import loading_state
 from flamestream.runtime.hosting import StreamBroken
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
@@ -52,10 +53,11 @@ from flamestream.runtime.tick_gate import TICK_WAIT
 from flamestream.storage.input_log import read_input_range
 from flamestream.storage.log import LogError
 from flamestream.storage.snapshots import (
+    Encoded,
     SnapshotError,
     SnapshotImage,
     SnapshotInfo,
-    read_snapshot,
+    read_snapshot_encoded,
     snapshot_dir,
     snapshot_path,
     write_snapshot,
@@ -364,9 +366,8 @@ class WorkerService(rpc.WorkerServicer):
                 self.log.warning("tick %d still waits for the snapshot of tick %d below %s: %d of %d workers",
                                  tick.number, previous, boundary, len(registered), workers)
         waited = time.monotonic() - started
-        state, files, source = await asyncio.to_thread(self._handed_over, tick, previous, data, complete)
+        files, source = await asyncio.to_thread(self._take_over, deployment, previous, data, complete)
         async with self.lock:
-            deployment.core.restore(state)
             deployment.restored.set()
             self.log.info("tick %d took over the state of tick %d below %s (%d files%s, waited %.2fs)",
                           tick.number, previous, boundary, files, source, waited)
@@ -374,10 +375,27 @@ class WorkerService(rpc.WorkerServicer):
             for envelopes, acks in waiting:
                 await self._process(deployment, envelopes, acks)
 
+    def _take_over(self, deployment: _Deployment, previous: int, data: dict[str, Any],
+                   complete: list[str]) -> tuple[int, str]:
+        """Load ``deployment``'s state (``_handed_over``) into its core and its snapshot image; (files read, how
+        the state was obtained).  In a thread, so the event loop runs on (a hand-over's previous tick, health
+        checks); nothing else touches the deployment's core before it is restored.
+
+        The image starts as the whole restored state, in the chunks just read
+        where the state came straight from a snapshot: the next periodic
+        snapshot then encodes only what changed since, not the whole state.
+        """
+        assert deployment.image is not None
+        with loading_state():
+            state, files, source, known = self._handed_over(deployment.tick, previous, data, complete)
+            deployment.core.restore(state)
+            deployment.image.update(deployment.core.snapshot_changes(deployment.tick.start), known)
+        return files, source
+
     def _handed_over(self, tick: Tick, previous: int, data: dict[str, Any],
-                     complete: list[str]) -> tuple[WorkerState, int, str]:
+                     complete: list[str]) -> tuple[WorkerState, int, str, Encoded | None]:
         """The state of tick ``previous`` below ``tick.start`` T that this worker needs: (state, files read, how it
-        was obtained).
+        was obtained, the chunks of the files' buckets where the state came straight from them).
 
         The snapshot below T itself, if all its files are intact.  Otherwise
         the newest older complete snapshot T' < T of ``previous`` whose files
@@ -409,14 +427,19 @@ class WorkerService(rpc.WorkerServicer):
             if at == tick.start:
                 files = [(member, info) for member, info in files if _meets(old, member, lo, hi)]
             try:
-                states = [read_snapshot(Path(str(info["path"])))[1] for _member, info in files]
+                read = [read_snapshot_encoded(Path(str(info["path"]))) for _member, info in files]
             except SnapshotError as exc:
                 self.log.warning("cannot take over the state of tick %d from its snapshot below %s: %s", previous,
                                  name, exc)
                 failures.append(str(exc))
                 continue
+            states = [state for _info, state, _known in read]
             if at == tick.start:
-                return merge_states(states), len(states), ""
+                known: Encoded = {}
+                for _info, _state, chunks in read:
+                    for name, buckets in chunks.items():
+                        known.setdefault(name, {}).update(buckets)
+                return merge_states(states), len(states), "", known
             try:
                 state, events = _catch_up(data["graph"], merge_states(states), at, tick.start,
                                           self._data_dir_or_fail())
@@ -428,7 +451,7 @@ class WorkerService(rpc.WorkerServicer):
             self.log.warning("tick %d takes over the state of tick %d below %s from its older snapshot below %s and "
                              "%d events re-processed from the input log", tick.number, previous,
                              boundary_name(tick.start), name, events)
-            return state, len(states), f" via the older snapshot below {name} + {events} events"
+            return state, len(states), f" via the older snapshot below {name} + {events} events", None
         raise RuntimeError(
             f"tick {tick.number} cannot take over the state of tick {previous} below {boundary_name(tick.start)}: "
             f"no retained complete snapshot is intact and usable ({'; '.join(failures) or 'none'}); it processes "

@@ -133,11 +133,27 @@ def decode_all(data: bytes) -> list[Any]:
     encoding (60 ms for 3 MB), long enough to show in every latency the
     process measures meanwhile; chunks let the event loop run in between.
     """
+    return [value for value, _end in _loads(data)]
+
+
+def decode_chunks(data: bytes) -> list[tuple[Any, bytes]]:
+    """``decode_all``'s values, each with the bytes it was decoded from: a worker that takes a snapshot's buckets
+    over keeps their encoding instead of encoding its whole state again at its next snapshot."""
+    chunks = []
+    start = 0
+    for value, end in _loads(data):
+        chunks.append((value, data[start:end]))
+        start = end
+    return chunks
+
+
+def _loads(data: bytes) -> list[tuple[Any, int]]:
+    """Each value of ``data`` with the offset its encoding ends at."""
     stream = io.BytesIO(data)
-    values = []
+    loaded = []
     try:
-        while stream.tell() < len(data):
-            values.append(_PlainUnpickler(stream).load())  # one unpickler each: memo indexes restart per pickle
+        while stream.tell() < len(data):  # one unpickler each: memo indexes restart per pickle
+            loaded.append((_PlainUnpickler(stream).load(), stream.tell()))
     except Exception as exc:  # a crafted or torn pickle can raise almost any error type while being read
         raise ValueError(f"not an encoded value: {exc!r}") from exc
-    return values
+    return loaded
