@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
+from itertools import islice
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, NoReturn
@@ -59,6 +60,10 @@ DISK_RETRY = 1.0
 _READ_BATCH = 1000
 """Records a subscriber reads from disk per step: bounds memory and the time a read holds a thread."""
 
+TAIL_RECORDS = 8192
+"""Records of the newest appends a partition keeps in memory, so that subscribers who keep up are sent them from
+there (see ``_Partition.recent``)."""
+
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -81,6 +86,8 @@ class _Partition:
         """(received, retractions) of the buffers earlier ticks dropped."""
         self.appended = asyncio.Event()
         """Set (and replaced by a fresh event) whenever ``end`` grows or the barrier shuts down."""
+        self._tail: deque[bytes] = deque(maxlen=TAIL_RECORDS)
+        """The last records before ``end``, as appended."""
         self._last, self._at_last = _topic_tail(self.log)
         """The last global time in the topic and its records: what a recovery, which replays the stream from
         its last complete snapshot, must not release again (see ``_new_only``)."""
@@ -115,14 +122,14 @@ class _Partition:
         while records:
             try:
                 await asyncio.to_thread(self.log.append_many, records)  # fsyncs: keep it off the loop
-                self._appended(len(records))
+                self._appended(records)
                 records = []
             except Exception as exc:
                 if not disk_full(exc):
                     raise
                 self.log = await asyncio.to_thread(self.log.reopen)
                 written = self.log.end_offset - self.end
-                self._appended(written)
+                self._appended(records[:written])
                 records = records[written:]
                 if self.closing:
                     self.logger.error("stopping with %d records of partition %d held back by a full disk",
@@ -136,11 +143,28 @@ class _Partition:
         if paused:
             self.logger.warning("space returned: partition %d releases again", self.number)
 
-    def _appended(self, records: int) -> None:
+    def _appended(self, records: list[bytes]) -> None:
+        """``records`` were appended (and fsynced) after those before ``end``."""
         if records:
-            self.end += records
-            self.released += records
+            self._tail.extend(records)
+            self.end += len(records)
+            self.released += len(records)
             self.wake()
+
+    def recent(self, offset: int, count: int) -> list[tuple[int, bytes]] | None:
+        """Up to ``count`` records from ``offset`` on, as (offset, record) pairs, if they are still held in
+        memory (``TAIL_RECORDS``); None if the first of them is older.
+
+        Why: a subscriber that keeps up asks for what the last append added,
+        and reading it back from the log cost a worker thread's turn and the
+        read and check of every record: about a millisecond between a release
+        and its consumer.
+        """
+        first = self.end - len(self._tail)
+        if offset < first:
+            return None
+        stop = min(offset + count, self.end)
+        return list(zip(range(offset, stop), islice(self._tail, offset - first, stop - first), strict=True))
 
     def _new_only(self, released: list[Released]) -> list[bytes]:
         """The records of ``released`` that the topic does not hold yet.
@@ -395,7 +419,10 @@ class BarrierService(pb_grpc.BarrierServicer):
                     # Not past ``end``: the log publishes an append's records before ``append`` returns to the loop,
                     # and a consumer that read them would commit an offset Commit still refuses as out of range.
                     count = min(_READ_BATCH, partition.end - offset)
-                    for record_offset, data in await asyncio.to_thread(reader.read, offset, count):
+                    read = partition.recent(offset, count)
+                    if read is None:
+                        read = await asyncio.to_thread(reader.read, offset, count)
+                    for record_offset, data in read:
                         record = batch.records.add()
                         record.MergeFromString(data)
                         record.partition = partition.number
