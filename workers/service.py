@@ -369,8 +369,9 @@ class WorkerService(rpc.WorkerServicer):
         files, source = await asyncio.to_thread(self._take_over, deployment, previous, data, complete)
         async with self.lock:
             deployment.restored.set()
-            self.log.info("tick %d took over the state of tick %d below %s (%d files%s, waited %.2fs)",
-                          tick.number, previous, boundary, files, source, waited)
+            self.log.info("tick %d took over the state of tick %d below %s (%d files%s, waited %.2fs, loaded in "
+                          "%.2fs)", tick.number, previous, boundary, files, source, waited,
+                          time.monotonic() - started - waited)
             waiting, deployment.waiting = deployment.waiting, []
             for envelopes, acks in waiting:
                 await self._process(deployment, envelopes, acks)
