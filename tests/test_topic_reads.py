@@ -22,10 +22,6 @@ def record(ts: int) -> bytes:
     return pb.Record(time=pb.GlobalTime(ts=ts, front=0), payload=b'"x"').SerializeToString()
 
 
-def pb_time(ts: int) -> GlobalTime:
-    return GlobalTime(ts, 0)
-
-
 def test_a_subscriber_stops_at_the_appended_end_while_an_append_is_returning(tmp_path: Path) -> None:
     async def run() -> None:
         partition = _Partition(0, tmp_path / "topic" / "0")
@@ -67,9 +63,7 @@ def test_a_subscriber_that_keeps_up_is_sent_the_newest_records_from_memory(
         partition = _Partition(0, tmp_path / "topic" / "0")
         barrier = BarrierService(cast(Any, None), {0: partition}, LocalEndpoints())
         for first in (1, 6):
-            written = [record(ts) for ts in range(first, first + 5)]
-            await partition.append([(pb_time(ts), (), data) for ts, data in zip(range(first, first + 5), written,
-                                                                                   strict=True)])
+            await partition.append([(GlobalTime(ts, 0), (), record(ts)) for ts in range(first, first + 5)])
         assert partition.recent(6, 10) == [(6, record(7)), (7, record(8)), (8, record(9)), (9, record(10))]
         assert partition.recent(5, 10) is None
         assert partition.recent(10, 10) == []

@@ -425,21 +425,22 @@ class WorkerService(rpc.WorkerServicer):
                 continue
             at = boundary_of(name)
             files = sorted(infos.items())
-            if at == tick.start:
+            exact = at == tick.start
+            if exact:
                 files = [(member, info) for member, info in files if _meets(old, member, lo, hi)]
             try:
-                read = [read_snapshot_encoded(Path(str(info["path"]))) for _member, info in files]
+                read = [read_snapshot_encoded(Path(str(info["path"])), chunks=exact) for _member, info in files]
             except SnapshotError as exc:
                 self.log.warning("cannot take over the state of tick %d from its snapshot below %s: %s", previous,
                                  name, exc)
                 failures.append(str(exc))
                 continue
             states = [state for _info, state, _known in read]
-            if at == tick.start:
+            if exact:
                 known: Encoded = {}
                 for _info, _state, chunks in read:
-                    for name, buckets in chunks.items():
-                        known.setdefault(name, {}).update(buckets)
+                    for grouping, buckets in chunks.items():
+                        known.setdefault(grouping, {}).update(buckets)
                 return merge_states(states), len(states), "", known
             try:
                 state, events = _catch_up(data["graph"], merge_states(states), at, tick.start,

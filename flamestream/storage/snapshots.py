@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,8 +80,7 @@ class SnapshotImage:
     """
 
     def __init__(self) -> None:
-        self._groupings: dict[str, dict[Hashable, tuple[bytes, int]]] = {}
-        """Grouping name -> bucket key -> (its encoded chunk, items in it)."""
+        self._groupings: Encoded = {}
 
     def update(self, changes: WorkerState, known: Encoded | None = None) -> None:
         """Apply a change report: a bucket with entries replaces what the image held for its key, one
@@ -125,8 +124,9 @@ class SnapshotImage:
                             body_bytes=len(body), sha256=fields["sha256"])
 
 
-def _state(chunks: list[tuple[Any, bytes]]) -> tuple[WorkerState, Encoded]:
-    """The state a file's chunks hold, and the chunks of its buckets that were written one to a chunk."""
+def _state(chunks: Iterable[tuple[Any, bytes | None]]) -> tuple[WorkerState, Encoded]:
+    """The state a file's chunks hold, and the chunks of its buckets that were written one to a chunk (of those
+    whose bytes are given)."""
     state: WorkerState = {}
     encoded: Encoded = {}
     for chunk, data in chunks:
@@ -137,7 +137,7 @@ def _state(chunks: list[tuple[Any, bytes]]) -> tuple[WorkerState, Encoded]:
         for h, key, entries in held:
             mine.append((int(h), key, [((GlobalTime(int(ts), int(front)), tuple(int(t) for t in trace)), payload)
                                        for ts, front, trace, payload in entries]))
-        if len(held) == 1:
+        if data is not None and len(held) == 1:
             encoded.setdefault(name, {})[mine[-1][1]] = (data, len(mine[-1][2]))
     return state, encoded
 
@@ -161,12 +161,13 @@ def write_snapshot(path: Path, state: WorkerState, *, boundary: GlobalTime, work
 def read_snapshot(path: Path) -> tuple[SnapshotInfo, WorkerState]:
     """The header and state of the snapshot at ``path``; SnapshotError naming the file and what is wrong with it
     if it is not whole and intact (missing, truncated anywhere, a byte changed anywhere, an unknown format)."""
-    info, state, _encoded = read_snapshot_encoded(path)
+    info, state, _encoded = read_snapshot_encoded(path, chunks=False)
     return info, state
 
 
-def read_snapshot_encoded(path: Path) -> tuple[SnapshotInfo, WorkerState, Encoded]:
-    """``read_snapshot``, and its buckets' chunks as written, for ``SnapshotImage.update``'s ``known``."""
+def read_snapshot_encoded(path: Path, *, chunks: bool = True) -> tuple[SnapshotInfo, WorkerState, Encoded]:
+    """``read_snapshot``, and its buckets' chunks as written, for ``SnapshotImage.update``'s ``known`` (none with
+    ``chunks=False``: copying them out of the file is work only a taker of the image needs)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -198,6 +199,8 @@ def read_snapshot_encoded(path: Path) -> tuple[SnapshotInfo, WorkerState, Encode
     if expected != info.sha256:
         raise SnapshotError(f"snapshot {path} is corrupted: its checksum does not match")
     try:
-        return (info, *_state(values.decode_chunks(body)))
+        decoded: Iterable[tuple[Any, bytes | None]] = (
+            values.decode_chunks(body) if chunks else ((value, None) for value in values.decode_all(body)))
+        return (info, *_state(decoded))
     except (ValueError, TypeError) as exc:
         raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
