@@ -20,7 +20,7 @@ from flamestream.barrier.service import BarrierRole
 from flamestream.cluster import ClusterStore
 from flamestream.core.functions import Allowed, set_process_policy
 from flamestream.core.hashing import INT32_MAX
-from flamestream.fronts.service import MAX_IN_FLIGHT_EVENTS, MAX_PUSH_BYTES, SEGMENT_BYTES, FrontRole
+from flamestream.fronts.service import MAX_IN_FLIGHT_EVENTS, MAX_PUSH_BYTES, SEGMENT_BYTES, SEND_WINDOW_BYTES, FrontRole
 from flamestream.runtime import hosting, logs, tls
 from flamestream.runtime.channels import LocalEndpoints
 from flamestream.runtime.node import Node, Role, add_arguments, timeout_seconds
@@ -108,6 +108,11 @@ def add_role_arguments(parser: argparse.ArgumentParser) -> None:
                        default=MAX_IN_FLIGHT_EVENTS,
                        help="admitted events not yet complete before pushes wait, then get RESOURCE_EXHAUSTED "
                             f"(backpressure), default {MAX_IN_FLIGHT_EVENTS}")
+    front.add_argument("--send-at-once", action="store_true",
+                       help="send every push to the workers at once instead of pacing them: at most "
+                            f"{SEND_WINDOW_BYTES} bytes of events in flight, later pushes logged and acknowledged, "
+                            "then sent in chunks as the min time passes the earlier ones (pacing keeps bursts from "
+                            "making the groupings replay; off is for tests that hold the min time)")
     acker = parser.add_argument_group("acker options")
     acker.add_argument("--stall-timeout", type=timeout_seconds, default=STALL_TIMEOUT, metavar="S",
                        help="exit 1 (so the cluster recovers) when a global time stays in flight S seconds, and far "
@@ -165,7 +170,8 @@ async def serve(args: argparse.Namespace) -> int:
                                           max_event_bytes=args.max_event_bytes,
                                           segment_bytes=args.log_segment_bytes,
                                           max_push_bytes=args.max_push_bytes,
-                                          max_in_flight=args.max_in_flight_events))
+                                          max_in_flight=args.max_in_flight_events,
+                                          pace_pushes=not args.send_at_once))
     if args.barrier:
         roles.append(BarrierRole(store, args.data_dir, args.barrier, args.release == "on-arrival"))
     node = Node(node_name(args), roles, store, local, host=args.host, port=args.port,

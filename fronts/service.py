@@ -81,23 +81,30 @@ class _Route:
         """Follows the acker's min time for the front's credit (``FrontService._watch_min_time``)."""
         self.min_time = GlobalTime(-1, -1)
         """The acker's latest min time."""
-        self.resend: asyncio.Task[None] | None = None
-        """A recovery tick's re-send of the logged events (``FrontService._resend``), while it runs."""
-        self.resend_floor: int | None = None
-        """While the re-send runs, the stamp of the next logged event it has not sent: no report passes it."""
+        self.pacer: asyncio.Task[None] | None = None
+        """While sends are paced (``FrontService._paced``: a recovery's re-send, or pushes beyond the window), the
+        task sending them."""
+        self.floor: int | None = None
+        """While sends are paced, the stamp of the next event not sent yet: no report passes it."""
         self.resend_end = 0
         """The input log's end offset when this recovery route was installed: the re-send reads the log below it,
         since every event logged from then on is in ``deferred``."""
         self.deferred: list[_Fresh] | None = None
-        """While a recovery catches up, the events pushed meanwhile: logged and acknowledged, but sent only after
-        the re-sent ones (``FrontService._resend``); None once it caught up."""
+        """While sends are paced, the events pushed meanwhile: logged and acknowledged, but sent by the pacer, after
+        what it is sending; None while pushes are sent at once."""
+        self.deferred_bytes = 0
+        """The size of ``deferred``'s log records: what the pacer cuts its chunks by."""
+        self.sent: deque[tuple[GlobalTime, int]] = deque()
+        """(last global time, bytes) of each send the min time has not passed yet: the window
+        (``SEND_WINDOW_BYTES``)."""
+        self.sent_bytes = 0
 
     def watch_min_time(self) -> Any:
         """The acker's min-time stream (an async iterator of ``pb.GlobalTime``)."""
         return self._channels.watch_min_time(self.tick.acker)
 
     async def close(self) -> None:
-        tasks = [task for task in (self.watch, self.resend) if task is not None]
+        tasks = [task for task in (self.watch, self.pacer) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -170,15 +177,23 @@ PROMISE_STEP_MS = 1000
 """How far ahead a front persists its report promise: one small fsync per second of reports."""
 
 
-RESEND_BATCH = 1000
-"""Events per batch when a recovery sends the logged events again, at most ..."""
-RESEND_BYTES = 256 * 1024
-"""... and about this many bytes of logged records per batch: a thousand pages of the inverted index were one
-batch of ~300k postings, which kept a worker's step (and its node's event loop) busy for over 10 s under load,
-so the supervisor took the node for hung and the next recovery started from the same snapshot with more."""
+CHUNK_EVENTS = 1000
+"""Events per chunk when the front paces its sends (a recovery's re-send, or pushes beyond the window), at
+most ..."""
+CHUNK_BYTES = 32 * 1024
+"""... and about this many bytes of logged records per chunk; also the most one millisecond's stamps hold
+(``FrontService._spread``).  Why this small: the items of a chunk reach the groupings from every worker in any
+order, and each out-of-order item replays the newer ones of its key.  Closed-loop inverted index (2 workers,
+2,000 pages pushed ahead): 256 KiB chunks did 27.9 pages/s with 1.85x the work replayed, 64 KiB 38.8
+pages/s (1.27x), 32 KiB 42.5 (1.13x), 16 KiB 36.2 (1.04x, more chunks' overhead).  Once, one chunk of a
+thousand pages kept a worker's step (and its node's event loop) busy for over 10 s under load."""
 
-RESEND_WINDOW = 2
-"""Re-sent batches in flight at once: the next waits until the min time passed the one this many before it."""
+SEND_WINDOW_BYTES = 2 * CHUNK_BYTES
+"""A send (a push sent at once, or a paced chunk) goes while fewer bytes of log records than this are in flight
+(sent, and not passed by the min time yet); once as many are, pushes are logged and acknowledged but wait for the
+min time to pass the oldest sends (``FrontService._paced``).  Why bytes, not sends: a window of two sends
+doubled word count's median latency at 1,000 lines/s (15.8 -> 33.5 ms), where some fifteen one-line pushes are
+in flight and nothing replays; a page of the inverted index is a hundred lines' worth."""
 
 
 def _logged_since(log: SegmentedLog, start: GlobalTime,
@@ -187,7 +202,7 @@ def _logged_since(log: SegmentedLog, start: GlobalTime,
     their records' bytes: read from the end backwards, since a recovery starts at a recent snapshot."""
     found: list[tuple[GlobalTime, Trace, Any]] = []
     size = 0
-    for _offset, data in log.scan_backwards(chunk=RESEND_BATCH, end=end):
+    for _offset, data in log.scan_backwards(chunk=CHUNK_EVENTS, end=end):
         record = decode_record(data)
         gt = GlobalTime(record["ts"], record["front"])
         if gt < start:
@@ -208,6 +223,11 @@ def _whole_milliseconds(events: list[_Fresh], size: int) -> list[list[_Fresh]]:
     return chunks
 
 
+def _per_chunk(events: int, size: int) -> int:
+    """Events per paced chunk when ``events`` take ``size`` bytes of log records."""
+    return max(1, min(CHUNK_EVENTS, CHUNK_BYTES * events // max(size, 1)))
+
+
 def _read_promise(path: Path) -> int:
     try:
         return int(path.read_text())
@@ -219,8 +239,10 @@ class FrontService(rpc.FrontServicer):
     def __init__(self, front_id: int, log: SegmentedLog, producers: ProducerTable, last_ts: int,
                  max_event_bytes: int, promise_file: Path, local: LocalEndpoints,
                  store: ClusterStore | None = None, max_push_bytes: int = MAX_PUSH_BYTES,
-                 max_in_flight: int = MAX_IN_FLIGHT_EVENTS) -> None:
+                 max_in_flight: int = MAX_IN_FLIGHT_EVENTS, pace_pushes: bool = True) -> None:
         self.front_id = front_id
+        self.pace_pushes = pace_pushes
+        """Pushes beyond the send window wait for the pacer (``_paced``); off, every push is sent at once."""
         self.max_push_bytes = max_push_bytes
         self.max_in_flight = max_in_flight
         self._in_flight: deque[tuple[GlobalTime, int]] = deque()
@@ -241,6 +263,8 @@ class FrontService(rpc.FrontServicer):
         self._logged_ts = last_ts
         """The highest timestamp in the log (what a checkpoint records)."""
         self._clock = FrontClock(front_id)
+        self._ms_ts = self._ms_bytes = 0
+        """The millisecond stamped last, and the bytes of events stamped in it (``_spread``)."""
         if last_ts >= 0:
             # A restarted front must not reuse a (ts, seq) it already logged, even if the wall clock went back.
             self._clock.report(last_ts + 1)
@@ -268,11 +292,12 @@ class FrontService(rpc.FrontServicer):
     @classmethod
     async def open(cls, front_id: int, data_dir: Path, max_event_bytes: int, local: LocalEndpoints,
                    store: ClusterStore | None = None, segment_bytes: int = SEGMENT_BYTES,
-                   max_push_bytes: int = MAX_PUSH_BYTES, max_in_flight: int = MAX_IN_FLIGHT_EVENTS) -> FrontService:
+                   max_push_bytes: int = MAX_PUSH_BYTES, max_in_flight: int = MAX_IN_FLIGHT_EVENTS,
+                   pace_pushes: bool = True) -> FrontService:
         directory = front_log_dir(data_dir, front_id)
         log, producers, last_ts = await asyncio.to_thread(_open_input_log, directory, segment_bytes)
         return cls(front_id, log, producers, last_ts, max_event_bytes, directory.parent / f"promise-{front_id}",
-                   local, store, max_push_bytes, max_in_flight)
+                   local, store, max_push_bytes, max_in_flight, pace_pushes)
 
     # -- deployment ---------------------------------------------------------------
 
@@ -315,20 +340,20 @@ class FrontService(rpc.FrontServicer):
             else:
                 old, self._route, self._refusal = current, route, refusal
                 behind, self._behind = self._behind, None
-                if behind is not None and behind.resend is not None:
+                if behind is not None and behind.pacer is not None:
                     # A tick that replaces the current one outright also ends an older tick's catching up: a
                     # recovery re-sends whatever it had yet to send (all above the min time, so above the last
                     # complete snapshot), and left as it was, its floor would hold back every report of the new
                     # tick for as long as its dead route cannot send.  _close_when_caught_up closes it.
-                    behind.resend.cancel()
+                    behind.pacer.cancel()
                 if route is not None:
                     self._clock.report(tick.start.ts)  # the tick covers times from its start on
                 if route is not None and tick.recovery:
                     # Paced, after deploy returns: the node still has to deploy this tick to its other roles.
-                    route.resend_floor, route.resend_end, route.deferred = tick.start.ts, self._log.end_offset, []
+                    route.floor, route.resend_end, route.deferred = tick.start.ts, self._log.end_offset, []
                     assert self._supervisor is not None, "start_reports comes before any deploy"
-                    route.resend = self._supervisor.spawn(f"front{self.front_id}", f"re-send for tick {tick.number}",
-                                                          self._resend(route, tick.start), finite=True)
+                    route.pacer = self._supervisor.spawn(f"front{self.front_id}", f"re-send for tick {tick.number}",
+                                                         self._resend(route, tick.start), finite=True)
                 if self._next is not None:
                     await self._next.close()
                     self._next = None
@@ -345,73 +370,92 @@ class FrontService(rpc.FrontServicer):
         original global times and traces reproduces the stream the crash
         interrupted, and the barriers drop what they had released already.
 
-        Paced: at most ``RESEND_WINDOW`` batches in flight, each followed by a
-        report up to the next unsent event.  Why: a backlog of minutes sent at
-        once sits in worker and barrier memory, and the min time would not
-        move until all of it was done — longer than the acker's stall timeout,
-        so recovery would restart from the same snapshot with an even longer
-        backlog.  Paced, the min time moves batch by batch and records are
-        released as they complete.
-
-        Pushes go on meanwhile, logged and acknowledged as usual, but their
-        events wait in ``route.deferred`` and are sent here, after the re-sent
-        ones.  Why: sent at once, they reach the groupings ahead of the older
-        re-sent items of the same keys, and every such older item makes its
-        grouping replay all newer ones; under a steady stream (the inverted
-        index at 20 pages/s) those replays kept a recovery's backlog from ever
-        draining.  The last chunk and the switch back to sending pushes at once
-        happen under the lock together, so no push slips between them.
+        Paced (``_paced``).  Why: a backlog of minutes sent at once sits in
+        worker and barrier memory, and the min time would not move until all
+        of it was done — longer than the acker's stall timeout, so recovery
+        would restart from the same snapshot with an even longer backlog.
+        Paced, the min time moves chunk by chunk and records are released as
+        they complete.  Pushes go on meanwhile, logged and acknowledged as
+        usual, but their events wait in ``route.deferred``, behind the re-sent
+        ones.
         """
         logged, size = await asyncio.to_thread(_logged_since, self._log, start, route.resend_end)
-        per_chunk = max(1, min(RESEND_BATCH, RESEND_BYTES * len(logged) // max(size, 1)))
         pending = [_Fresh(gt, trace, payload, as_hash(route.balance(payload)), "", 0) for gt, trace, payload in logged]
-        sent: deque[GlobalTime] = deque()
+        meanwhile = await self._paced(route, pending, size)
+        self.logger.info("recovery: sent the %d logged events from %s on again, then the %d pushed meanwhile",
+                         len(logged), start, meanwhile)
+
+    async def _paced(self, route: _Route, pending: list[_Fresh], size: int) -> int:
+        """Send ``pending`` (``size`` bytes of log records) and then the events deferred meanwhile, in chunks
+        (``CHUNK_EVENTS``, ``CHUNK_BYTES``), at most ``SEND_WINDOW`` sends in flight, each chunk followed by a
+        report up to the next unsent event; then switch back to sending pushes at once.  Returns how many
+        deferred events it sent.
+
+        Why: every item that reaches a grouping behind newer items of its key
+        makes the grouping replay all of them, and through a cycle (a reduce)
+        each replayed version replays in turn.  Sent at once, a burst of pushes
+        (a closed loop, or a recovery's backlog) arrives at the groupings from
+        both workers in any order, and the inverted index did its work ten
+        times over (replay overhead 11 at 2,000 pages in flight) and fell
+        behind.  Held to a window, the items of one key in flight at once stay
+        few; the chunks grow with the backlog, so throughput does not drop.
+        The last chunk and the switch back happen under the lock together, so
+        no push slips between them.
+        """
+        per_chunk, each = _per_chunk(len(pending), size), size / max(len(pending), 1)
         meanwhile = 0
         while True:
             chunks = _whole_milliseconds(pending, per_chunk)
             # The last chunk waits: events pushed meanwhile may share its millisecond.
             for chunk, following in pairwise(chunks):
-                await self._resend_window(route, sent)
+                await self._window(route)
                 async with self._lock:
-                    if not await self._resend_chunk(route, chunk, following[0].gt.ts):
-                        return
-                sent.append(chunk[-1].gt)
-            await self._resend_window(route, sent)
+                    if not await self._send_chunk(route, chunk, following[0].gt.ts, round(len(chunk) * each)):
+                        return meanwhile
+            await self._window(route)
             async with self._lock:
-                assert route.deferred is not None, "only _resend ends the catching up"
-                more, route.deferred = route.deferred, []
+                assert route.deferred is not None, "only _paced ends the pacing"
+                more, route.deferred, size, route.deferred_bytes = route.deferred, [], route.deferred_bytes, 0
                 if not more:
                     route.deferred = None
                     if not chunks:  # nothing at all to send: the floor goes now, or no report would ever pass it
-                        route.resend_floor = None
+                        route.floor = None
                         await self._report(route)
-                    elif not await self._resend_chunk(route, chunks[-1], None):
-                        return
-                    break
+                    elif not await self._send_chunk(route, chunks[-1], None, round(len(chunks[-1]) * each)):
+                        return meanwhile
+                    return meanwhile
             meanwhile += len(more)
+            per_chunk, each = _per_chunk(len(more), size), size / max(len(more), 1)
             pending = (chunks[-1] if chunks else []) + more
-        self.logger.info("recovery: sent the %d logged events from %s on again, then the %d pushed meanwhile",
-                         len(logged), start, meanwhile)
 
-    async def _resend_window(self, route: _Route, sent: deque[GlobalTime]) -> None:
-        """Wait until fewer than ``RESEND_WINDOW`` re-sent chunks are in flight (the min time passed the oldest)."""
-        while len(sent) >= RESEND_WINDOW:
-            if route.min_time > sent[0]:
-                sent.popleft()
-                continue
+    async def _window(self, route: _Route) -> None:
+        """Wait until the window is open."""
+        while not self._window_open(route):
             self._progress.clear()
             await self._progress.wait()
 
-    async def _resend_chunk(self, route: _Route, chunk: list[_Fresh], floor: int | None) -> bool:
-        """Send one chunk of a recovery's backlog and report up to ``floor``, the next unsent stamp (None: no
-        backlog left); with the lock held.  False if the route broke: the next recovery tick sends them again."""
+    def _window_open(self, route: _Route) -> bool:
+        """Whether fewer than ``SEND_WINDOW_BYTES`` are in flight (the sends the min time has not passed yet)."""
+        sent = route.sent
+        while sent and route.min_time > sent[0][0]:
+            route.sent_bytes -= sent.popleft()[1]
+        return route.sent_bytes < SEND_WINDOW_BYTES
+
+    def _sent(self, route: _Route, last: GlobalTime, size: int) -> None:
+        route.sent.append((last, size))
+        route.sent_bytes += size
+
+    async def _send_chunk(self, route: _Route, chunk: list[_Fresh], floor: int | None, size: int) -> bool:
+        """Send one paced chunk and report up to ``floor``, the next unsent stamp (None: nothing left unsent);
+        with the lock held.  False if the route broke: the next recovery tick sends them again."""
         batches, acks = self._batches(route, chunk)
         try:
             await self._to_acker(route, acks)
         except _Rejected:
             return False
         await self._to_workers(route, batches)
-        route.resend_floor = floor
+        self._sent(route, chunk[-1].gt, size)
+        route.floor = floor
         await self._report(route)
         return True
 
@@ -437,8 +481,8 @@ class FrontService(rpc.FrontServicer):
 
     async def _close_when_caught_up(self, route: _Route) -> None:
         try:
-            if route.resend is not None:
-                await asyncio.wait([route.resend])
+            if route.pacer is not None:
+                await asyncio.wait([route.pacer])
         finally:
             async with self._lock:
                 if self._behind is route:
@@ -499,7 +543,7 @@ class FrontService(rpc.FrontServicer):
             self._check_credit(len(request.events))  # again under the lock: concurrent pushes took credit
             self._check_producers(request.events)
             checked = self._validate(request.events, route)
-            response, fresh = self._stamp(request.events, checked, now)
+            response, fresh = self._stamp(request.events, checked, now, self._stamp_bound())
             if fresh:
                 await self._admit(route, fresh)
             return response
@@ -649,8 +693,34 @@ class FrontService(rpc.FrontServicer):
             checked.append((payload, h))
         return checked
 
+    def _stamp_bound(self) -> int | None:
+        """The timestamp no stamp may reach: the stamping lease's end, and a hand-over's start (events at or after
+        it belong to the next tick, which this push does not go to)."""
+        bounds = [bound for bound in (self.lease.until if self.lease is not None else None,
+                                      self._next.tick.start.ts if self._next is not None else None)
+                  if bound is not None]
+        return min(bounds) if bounds else None
+
+    def _spread(self, now: int, size: int, bound: int | None) -> None:
+        """Move the clock to the next millisecond before an event of ``size`` bytes that would take the current
+        one past ``CHUNK_BYTES``, unless that reaches ``bound``.
+
+        Why: the events of one millisecond share a global time, and a global
+        time completes, is re-sent and paced (``_paced``) only as a whole.  A
+        push of 512 pages stamped in one millisecond was one global time of
+        150k postings, sent at once: its replays kept it in flight past the
+        acker's stall timeout, and every recovery re-sent it whole, forever.
+        """
+        ts = self._clock.next_ts(now)
+        if ts != self._ms_ts:
+            self._ms_ts, self._ms_bytes = ts, 0
+        elif self._ms_bytes and self._ms_bytes + size > CHUNK_BYTES and (bound is None or ts + 1 < bound):
+            self._clock.report(ts + 1)
+            self._ms_ts, self._ms_bytes = ts + 1, 0
+        self._ms_bytes += size
+
     def _stamp(self, events: Sequence[pb.Event], checked: list[tuple[Any, int]],
-               now: int) -> tuple[pb.PushResponse, list[_Fresh]]:
+               now: int, bound: int | None = None) -> tuple[pb.PushResponse, list[_Fresh]]:
         """Tell retries from new events (also within this request) and give each new event its global time."""
         response = pb.PushResponse()
         fresh: list[_Fresh] = []
@@ -669,6 +739,7 @@ class FrontService(rpc.FrontServicer):
                     response.times.append(pb.GlobalTime() if original is None
                                           else pb.GlobalTime(ts=original.ts, front=original.front))
                     continue
+            self._spread(now, len(event.payload), bound)
             gt, trace = self._clock.stamp(now)
             if producer:
                 mine[sequence] = gt
@@ -678,33 +749,46 @@ class FrontService(rpc.FrontServicer):
         return response, fresh
 
     async def _admit(self, route: _Route, fresh: list[_Fresh]) -> None:
-        """Ack, log and send ``fresh``; while a recovery catches up, log it and leave the sending to ``_resend``."""
-        catching_up = route.deferred is not None
-        sends, acks = ([], {}) if catching_up else self._batches(route, fresh)
-        if not catching_up:
+        """Ack, log and send ``fresh``; while sends are paced, log it and leave the sending to the pacer."""
+        # (ts, front, seq) reproduce the item's global time and initial trace (seq,) for replay and recovery.
+        records = [encode_record(event.gt, event.trace[0], event.payload, event.producer, event.sequence)
+                   for event in fresh]
+        size = sum(map(len, records))
+        if self.pace_pushes and route.deferred is None and (size > CHUNK_BYTES or not self._window_open(route)):
+            self._pace(route, fresh[0].gt.ts)
+        paced = route.deferred is not None
+        sends, acks = ([], {}) if paced else self._batches(route, fresh)
+        if not paced:
             await self._to_acker(route, acks)
         first = self._log.end_offset
         try:
-            # (ts, front, seq) reproduce the item's global time and initial trace (seq,) for replay and recovery.
-            records = [encode_record(event.gt, event.trace[0], event.payload, event.producer, event.sequence)
-                       for event in fresh]
             await asyncio.to_thread(self._log.append_many, records)
         except (OSError, LogError) as exc:
-            await self._salvage(route, fresh, acks, first, exc)
+            await self._salvage(route, fresh, acks, first, exc, size)
             return
         self._commit(fresh)
         self._take_credit(fresh)
-        await self._send_or_defer(route, fresh, sends)
+        await self._send_or_defer(route, fresh, sends, size)
+
+    def _pace(self, route: _Route, floor: int) -> None:
+        """From the push stamped ``floor`` on, hand the sending to a pacer (``_paced``) until it caught up."""
+        assert self._supervisor is not None, "start_reports comes before any push"
+        route.floor, route.deferred = floor, []
+        route.pacer = self._supervisor.spawn(f"front{self.front_id}", f"paced sends of tick {route.tick.number}",
+                                             self._paced(route, [], 0), finite=True)
 
     async def _send_or_defer(self, route: _Route, admitted: list[_Fresh],
-                             sends: list[tuple[int, pb.ItemBatch]]) -> None:
+                             sends: list[tuple[int, pb.ItemBatch]], size: int) -> None:
         if route.deferred is not None:
             route.deferred.extend(admitted)
+            route.deferred_bytes += size
         else:
             await self._to_workers(route, sends)
+            if admitted:
+                self._sent(route, admitted[-1].gt, size)
 
     async def _salvage(self, route: _Route, fresh: list[_Fresh], acks: dict[GlobalTime, int], first: int,
-                       exc: Exception) -> None:
+                       exc: Exception, size: int) -> None:
         """After a failed append: reopen the log, admit the records that did reach it, take back the other acks.
 
         A log that failed refuses further appends until reopened, and reopening
@@ -729,7 +813,7 @@ class FrontService(rpc.FrontServicer):
             sends, survivor_acks = self._batches(route, survivors)
             codec.xor_into(acks, survivor_acks)  # the same acks again cancel the first ones at the acker
             await self._to_acker(route, acks)
-        await self._send_or_defer(route, survivors, sends)
+        await self._send_or_defer(route, survivors, sends, size * len(survivors) // max(len(fresh), 1))
         if kept < len(fresh):
             full = disk_full(exc)
             raise _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
@@ -846,7 +930,7 @@ class FrontService(rpc.FrontServicer):
                     self.logger.warning("cannot persist the report promise (%s); reporting at most %d",
                                         exc, self._promised)
                 self._report_owed, ts = True, self._promised
-        for floor in (r.resend_floor for r in (route, self._behind) if r is not None):
+        for floor in (r.floor for r in (route, self._behind) if r is not None):
             if floor is not None:  # the acker's table spans ticks: a hand-over's report must wait for it too
                 ts = min(ts, floor)
         await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts), tick=route.tick.number))
@@ -922,11 +1006,11 @@ class FrontRole:
     async def open(cls, front_id: int, data_dir: Path, local: LocalEndpoints, store: ClusterStore, *,
                    report_interval_ms: int = 5, max_event_bytes: int = 1 << 20,
                    segment_bytes: int = SEGMENT_BYTES, max_push_bytes: int = MAX_PUSH_BYTES,
-                   max_in_flight: int = MAX_IN_FLIGHT_EVENTS) -> FrontRole:
+                   max_in_flight: int = MAX_IN_FLIGHT_EVENTS, pace_pushes: bool = True) -> FrontRole:
         """Open (and replay) the front's input log; exits naming the log if it cannot."""
         try:
             service = await FrontService.open(front_id, data_dir, max_event_bytes, local, store, segment_bytes,
-                                              max_push_bytes, max_in_flight)
+                                              max_push_bytes, max_in_flight, pace_pushes)
         except (OSError, LogError) as exc:
             raise SystemExit(f"front {front_id}: cannot open the input log: {exc}") from None
         return cls(service, report_interval_ms)

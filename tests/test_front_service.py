@@ -34,7 +34,7 @@ from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.fronts.producers import ProducerTable
-from flamestream.fronts.service import _logged_since
+from flamestream.fronts.service import CHUNK_BYTES, SEND_WINDOW_BYTES, _logged_since
 from flamestream.storage.input_log import encode_record, front_log_dir, read_checkpoint
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import codec
@@ -189,11 +189,14 @@ class FrontProcess:
 
 
 @asynccontextmanager
-async def front(zookeeper: str, cluster: str, data_dir: Path, *extra: str,
-                file_size_limit: int | None = None) -> AsyncIterator[tuple[FrontProcess, Any]]:
-    """A running front and a Front stub connected to it; on exit the front must stop with exit code 0."""
+async def front(zookeeper: str, cluster: str, data_dir: Path, *extra: str, file_size_limit: int | None = None,
+                paced: bool = False) -> AsyncIterator[tuple[FrontProcess, Any]]:
+    """A running front and a Front stub connected to it; on exit the front must stop with exit code 0.
+
+    Unless ``paced``, the front sends every push at once (``--send-at-once``): the stand-in acker moves the min
+    time only when a test says so, and a paced front would hold every push after the second until it did."""
     process = await asyncio.to_thread(FrontProcess, zookeeper, cluster, data_dir, *extra,
-                                      file_size_limit=file_size_limit)
+                                      *(() if paced else ("--send-at-once",)), file_size_limit=file_size_limit)
     channel = grpc.aio.insecure_channel(process.address)
     try:
         yield process, rpc.FrontStub(channel)
@@ -276,6 +279,11 @@ def log_records(data_dir: Path) -> list[dict[str, Any]]:
 
 def times(response: pb.PushResponse) -> list[GlobalTime]:
     return [GlobalTime(t.ts, t.front) for t in response.times]
+
+
+BACKLOG_PUSH = CHUNK_BYTES // 130
+"""Events of a push in the recovery tests: their log records take some 97 bytes each, so a paced chunk
+(``CHUNK_BYTES``) ends after two pushes, and two chunks fill the send window."""
 
 
 def routed_graph() -> dict[str, Any]:
@@ -537,6 +545,55 @@ def test_a_failed_log_write_admits_exactly_what_reached_the_log(
 
 
 @slow
+def test_a_paced_front_holds_pushes_beyond_the_window_and_spreads_a_large_push_over_milliseconds(
+        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    """Sends go while less than ``SEND_WINDOW_BYTES`` is in flight: a push after that is logged and acknowledged,
+    but sent only once the min time passes the first, and no report passes it meanwhile.  A push larger than
+    ``CHUNK_BYTES`` is stamped over several milliseconds, none holding more than ``CHUNK_BYTES``, and sent a
+    millisecond's chunk at a time."""
+    async def scenario() -> None:
+        async with stand_ins() as cluster, front(zookeeper, cluster_name, tmp_path, paced=True) as (_, stub):
+            await publish(zookeeper, cluster_name, cluster.tick(routed_graph(), now_ms()))
+
+            def received() -> list[Any]:
+                return [p for w in cluster.workers for _, _, (p, _, _, _) in w.envelopes()]
+
+            def sized(name: str) -> pb.Event:  # after three, the window is full
+                return event(f"{name} {'x' * (SEND_WINDOW_BYTES * 2 // 5)}")
+
+            (first,) = times(await push_once_deployed(stub, [sized("push 0")]))
+            for p in (1, 2):
+                times(await push(stub, [sized(f"push {p}")]))
+            (held,) = times(await push(stub, [sized("push 3")]))
+            await eventually(lambda: held.ts in cluster.acker.reports(), "a report up to the held push")
+            assert sorted(p[:6] for p in received()) == ["push 0", "push 1", "push 2"], "the fourth push waits"
+            assert max(cluster.acker.reports()) == held.ts, "no report passes the held push"
+
+            cluster.acker.advance(GlobalTime(first.ts + 1, 0))
+            await eventually(lambda: len(received()) == 4, "the held push, once the min time passed the first")
+            await eventually(lambda: max(cluster.acker.reports()) > held.ts, "reports past it once it is sent")
+
+            cluster.acker.advance(GlobalTime(held.ts + 1, 0))
+            large = [f"{i} {'x' * (CHUNK_BYTES // 4 - 40)}" for i in range(10)]  # four to a millisecond
+            stamps = times(await push(stub, [event(payload) for payload in large]))
+            per_ms = Counter(gt.ts for gt in stamps)
+            assert stamps == sorted(stamps) and len(per_ms) >= 3, f"one push over several milliseconds: {per_ms}"
+            sizes: Counter[int] = Counter()
+            for gt, payload in zip(stamps, large, strict=True):
+                sizes[gt.ts] += len(json.dumps(payload))
+            assert max(sizes.values()) <= CHUNK_BYTES, f"no millisecond over CHUNK_BYTES: {sizes}"
+            ms = sorted(per_ms)
+            await eventually(lambda: sum(p in received() for p in large) == per_ms[ms[0]] + per_ms[ms[1]],
+                             "the first two milliseconds' chunks")
+            assert max(cluster.acker.reports()) == ms[2], "reports stop at the first unsent millisecond"
+            cluster.acker.advance(GlobalTime(ms[0] + 1, 0))
+            await eventually(lambda: all(p in received() for p in large), "the rest as the min time moves")
+            await eventually(lambda: not cluster.balance(), "every send's acks at the acker, cancelled by the workers")
+
+    asyncio.run(scenario())
+
+
+@slow
 def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     """A recovery tick re-sends the logged events in chunks that end at a millisecond, at most two in flight, each
     followed by a report up to the next unsent event; pushes go on meanwhile and are sent after the re-sent
@@ -554,10 +611,10 @@ def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluste
             await publish(zookeeper, cluster_name, tick.to_dict())
             admitted: list[list[GlobalTime]] = []
             for p in range(5):  # one millisecond each: chunks are pushes 0-1, 2-3 and 4
-                batch = [event(f"push {p} line {i}") for i in range(600)]
+                batch = [event(f"push {p} line {i}") for i in range(BACKLOG_PUSH)]
                 admitted.append(times(await (push_once_deployed if p == 0 else push)(stub, batch)))
                 await asyncio.sleep(0.005)
-            await eventually(lambda: len(received(cluster)) == 3000, "every event at its worker")
+            await eventually(lambda: len(received(cluster)) == 5 * BACKLOG_PUSH, "every event at its worker")
             first_pass, seen = received(cluster), [len(w.envelopes()) for w in cluster.workers]
 
             recovery = dataclasses.replace(tick, number=1, previous=0, recovery=True)
@@ -566,12 +623,13 @@ def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluste
             await eventually(lambda: len(cluster.acker.streams) == 2 and floor in cluster.acker.streams[1],
                              "the recovery's report up to the third chunk")
             during = times(await push(stub, [event("pushed while recovering")]))[0]
-            await eventually(lambda: len(received(cluster, seen)) == 2400, "the first two chunks re-sent")
+            await eventually(lambda: len(received(cluster, seen)) == 4 * BACKLOG_PUSH, "the first two chunks re-sent")
             assert cluster.acker.streams[1][0] == admitted[2][0].ts and max(cluster.acker.streams[1]) == floor, \
                 "the third chunk waits until the min time passes the first, and no report passes it"
 
             cluster.acker.advance(GlobalTime(admitted[1][-1].ts + 1, 0))
-            await eventually(lambda: len(received(cluster)) == 2 * 3000 + 1, "the third chunk and the push sent")
+            await eventually(lambda: len(received(cluster)) == 10 * BACKLOG_PUSH + 1,
+                             "the third chunk and the push sent")
             await eventually(lambda: cluster.acker.streams[1][-1] > during.ts, "a report past it all")
             for w, skip in zip(cluster.workers, seen, strict=True):
                 stamps = [gt for _, _, (_, gt, _, _) in w.envelopes()[skip:]]
@@ -586,15 +644,16 @@ def test_a_recovery_resends_the_log_paced_by_the_min_time(zookeeper: str, cluste
 
 async def recovery_with_a_backlog(zookeeper: str, cluster_name: str, cluster: StandIns, stub: Any,
                                   tick: Tick) -> tuple[list[list[GlobalTime]], int]:
-    """Five pushes of 600 events, then recovery tick 1 re-sending them: chunks are pushes 0-1, 2-3 and 4, and
-    the third waits for the min time, which the stand-in acker holds.  The pushes' times, and the floor the
+    """Five pushes of ``BACKLOG_PUSH`` events, then recovery tick 1 re-sending them: chunks are pushes 0-1, 2-3 and
+    4, and the third waits for the min time, which the stand-in acker holds.  The pushes' times, and the floor the
     recovery's reports stop at (the first time of the third chunk)."""
     admitted: list[list[GlobalTime]] = []
     for p in range(5):
-        batch = [event(f"push {p} line {i}") for i in range(600)]
+        batch = [event(f"push {p} line {i}") for i in range(BACKLOG_PUSH)]
         admitted.append(times(await (push_once_deployed if p == 0 else push)(stub, batch)))
         await asyncio.sleep(0.005)
-    await eventually(lambda: len(cluster.workers[0].envelopes()) + len(cluster.workers[1].envelopes()) == 3000,
+    await eventually(lambda: len(cluster.workers[0].envelopes()) + len(cluster.workers[1].envelopes())
+                     == 5 * BACKLOG_PUSH,
                      "every event at its worker")
     await publish(zookeeper, cluster_name, dataclasses.replace(tick, number=1, previous=0, recovery=True).to_dict())
     floor = admitted[4][0].ts
@@ -632,7 +691,8 @@ def test_a_hand_over_while_a_recovery_catches_up_lets_it_send_the_rest(zookeeper
 
             cluster.acker.advance(GlobalTime(admitted[1][-1].ts + 1, 0))
             payloads = lambda: [p for w in cluster.workers for _, _, (p, _, _, _) in w.envelopes()]  # noqa: E731
-            await eventually(lambda: "pushed while catching up" in payloads() and len(payloads()) == 2 * 3000 + 2,
+            await eventually(lambda: "pushed while catching up" in payloads()
+                             and len(payloads()) == 10 * BACKLOG_PUSH + 2,
                              "the rest of the re-send and the deferred push, after the switch")
             await eventually(lambda: cluster.acker.streams[2][-1] > after.ts, "the new tick's reports pass it all")
 
