@@ -420,7 +420,10 @@ class FrontService(rpc.FrontServicer):
                     route.deferred = None
                     if not chunks:  # nothing at all to send: the floor goes now, or no report would ever pass it
                         route.floor = None
-                        await self._report(route)
+                        try:
+                            await self._report(route)
+                        except hosting.StreamBroken as exc:
+                            self._break(route, exc)
                     elif not await self._send_chunk(route, chunks[-1], None, round(len(chunks[-1]) * each)):
                         return meanwhile
                     return meanwhile
@@ -435,11 +438,20 @@ class FrontService(rpc.FrontServicer):
             await self._progress.wait()
 
     def _window_open(self, route: _Route) -> bool:
-        """Whether fewer than ``SEND_WINDOW_BYTES`` are in flight (the sends the min time has not passed yet)."""
+        """Whether fewer than ``SEND_WINDOW_BYTES`` are in flight (the sends the min time has not passed yet).
+
+        Sends at or after the floor do not count: the min time cannot pass
+        them before the pacer sends what waits at the floor (a millisecond
+        whose first events went at once and whose later ones wait), so
+        counting them would stop the pacer for good.
+        """
         sent = route.sent
         while sent and route.min_time > sent[0][0]:
             route.sent_bytes -= sent.popleft()[1]
-        return route.sent_bytes < SEND_WINDOW_BYTES
+        floor = route.floor
+        if floor is None or not sent or sent[-1][0].ts < floor:
+            return route.sent_bytes < SEND_WINDOW_BYTES
+        return sum(size for last, size in sent if last.ts < floor) < SEND_WINDOW_BYTES
 
     def _sent(self, route: _Route, last: GlobalTime, size: int) -> None:
         route.sent.append((last, size))
@@ -456,7 +468,11 @@ class FrontService(rpc.FrontServicer):
         await self._to_workers(route, batches)
         self._sent(route, chunk[-1].gt, size)
         route.floor = floor
-        await self._report(route)
+        try:
+            await self._report(route)
+        except hosting.StreamBroken as exc:
+            self._break(route, exc)
+            return False
         return True
 
     async def _switch_if_due(self, ts: int) -> _Route | None:
@@ -930,9 +946,13 @@ class FrontService(rpc.FrontServicer):
                     self.logger.warning("cannot persist the report promise (%s); reporting at most %d",
                                         exc, self._promised)
                 self._report_owed, ts = True, self._promised
-        for floor in (r.floor for r in (route, self._behind) if r is not None):
-            if floor is not None:  # the acker's table spans ticks: a hand-over's report must wait for it too
-                ts = min(ts, floor)
+        for r in (route, self._route, self._behind):
+            if r is not None and r.floor is not None:  # the acker's table spans ticks: every route's floor holds
+                ts = min(ts, r.floor)
+        if route is not self._route and self._route is not None:
+            # A route the stamps left (catching up after a hand-over) promises up to the switch only: on its own
+            # stream, a promise past it could overtake the acks the current tick sends on another.
+            ts = min(ts, self._route.tick.start.ts)
         await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts), tick=route.tick.number))
 
     # -- input-log retention -----------------------------------------------------
