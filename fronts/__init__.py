@@ -7,7 +7,8 @@ has.  Clients call ``Front.Push``; for each batch of events the front
 1. validates the whole request (size, JSON payload, the entry operation's
    balancing function) so a bad event admits nothing;
 2. stamps every new event with a global time ``(ms, F)`` and the initial trace
-   ``(seq,)`` (``flamestream.core.front.FrontClock``);
+   ``(seq,)`` (``flamestream.core.front.FrontClock``), at most ``CHUNK_BYTES``
+   of events to a millisecond (a larger push spans the next ones);
 3. sends the XOR of the send acks of all the batches it is about to emit to the
    acker, *before* anything else: a report promising a later time must never
    reach the acker ahead of the acks it depends on;
@@ -19,6 +20,14 @@ has.  Clients call ``Front.Push``; for each batch of events the front
    items in increasing meta order; in-process when the worker is on the same
    node, gRPC otherwise);
 6. replies with the global time of every event.
+
+Steps 3 and 5 wait while the sends still in flight (not yet passed by the
+acker's min time) reach ``SEND_WINDOW_BYTES``, and for a push above
+``CHUNK_BYTES``: the events are logged and acknowledged, and a pacer sends them
+in chunks of whole milliseconds as the min time moves, each followed by a
+report no further than the next unsent event.  A burst sent at once reaches the
+groupings from every worker in any order, and every late item replays the
+newer ones of its key.  A recovery's re-send goes through the same pacer.
 
 Every few milliseconds it reports to the acker the timestamp below which it will
 never stamp again.  Pushes and reports share one lock, so a report is always
