@@ -223,9 +223,9 @@ def _whole_milliseconds(events: list[_Fresh], size: int) -> list[list[_Fresh]]:
     return chunks
 
 
-def _per_chunk(events: int, size: int) -> int:
-    """Events per paced chunk when ``events`` take ``size`` bytes of log records."""
-    return max(1, min(CHUNK_EVENTS, CHUNK_BYTES * events // max(size, 1)))
+def _chunking(events: int, size: int) -> tuple[int, float]:
+    """Events per paced chunk, and bytes per event, when ``events`` take ``size`` bytes of log records."""
+    return max(1, min(CHUNK_EVENTS, CHUNK_BYTES * events // max(size, 1))), size / max(events, 1)
 
 
 def _read_promise(path: Path) -> int:
@@ -387,8 +387,8 @@ class FrontService(rpc.FrontServicer):
 
     async def _paced(self, route: _Route, pending: list[_Fresh], size: int) -> int:
         """Send ``pending`` (``size`` bytes of log records) and then the events deferred meanwhile, in chunks
-        (``CHUNK_EVENTS``, ``CHUNK_BYTES``), at most ``SEND_WINDOW`` sends in flight, each chunk followed by a
-        report up to the next unsent event; then switch back to sending pushes at once.  Returns how many
+        (``CHUNK_EVENTS``, ``CHUNK_BYTES``), each when the window is open (``SEND_WINDOW_BYTES``) and followed by
+        a report up to the next unsent event; then switch back to sending pushes at once.  Returns how many
         deferred events it sent.
 
         Why: every item that reaches a grouping behind newer items of its key
@@ -402,7 +402,7 @@ class FrontService(rpc.FrontServicer):
         The last chunk and the switch back happen under the lock together, so
         no push slips between them.
         """
-        per_chunk, each = _per_chunk(len(pending), size), size / max(len(pending), 1)
+        per_chunk, each = _chunking(len(pending), size)
         meanwhile = 0
         while True:
             chunks = _whole_milliseconds(pending, per_chunk)
@@ -410,7 +410,7 @@ class FrontService(rpc.FrontServicer):
             for chunk, following in pairwise(chunks):
                 await self._window(route)
                 async with self._lock:
-                    if not await self._send_chunk(route, chunk, following[0].gt.ts, round(len(chunk) * each)):
+                    if not await self._send_chunk(route, chunk, following[0].gt.ts, each):
                         return meanwhile
             await self._window(route)
             async with self._lock:
@@ -420,15 +420,12 @@ class FrontService(rpc.FrontServicer):
                     route.deferred = None
                     if not chunks:  # nothing at all to send: the floor goes now, or no report would ever pass it
                         route.floor = None
-                        try:
-                            await self._report(route)
-                        except hosting.StreamBroken as exc:
-                            self._break(route, exc)
-                    elif not await self._send_chunk(route, chunks[-1], None, round(len(chunks[-1]) * each)):
+                        await self._report_or_break(route)
+                    elif not await self._send_chunk(route, chunks[-1], None, each):
                         return meanwhile
                     return meanwhile
             meanwhile += len(more)
-            per_chunk, each = _per_chunk(len(more), size), size / max(len(more), 1)
+            per_chunk, each = _chunking(len(more), size)
             pending = (chunks[-1] if chunks else []) + more
 
     async def _window(self, route: _Route) -> None:
@@ -457,23 +454,19 @@ class FrontService(rpc.FrontServicer):
         route.sent.append((last, size))
         route.sent_bytes += size
 
-    async def _send_chunk(self, route: _Route, chunk: list[_Fresh], floor: int | None, size: int) -> bool:
-        """Send one paced chunk and report up to ``floor``, the next unsent stamp (None: nothing left unsent);
-        with the lock held.  False if the route broke: the next recovery tick sends them again."""
+    async def _send_chunk(self, route: _Route, chunk: list[_Fresh], floor: int | None, each: float) -> bool:
+        """Send one paced chunk (``each`` bytes of log records an event) and report up to ``floor``, the next
+        unsent stamp (None: nothing left unsent); with the lock held.  False if the route broke: the next
+        recovery tick sends them again."""
         batches, acks = self._batches(route, chunk)
         try:
             await self._to_acker(route, acks)
         except _Rejected:
             return False
         await self._to_workers(route, batches)
-        self._sent(route, chunk[-1].gt, size)
+        self._sent(route, chunk[-1].gt, round(len(chunk) * each))
         route.floor = floor
-        try:
-            await self._report(route)
-        except hosting.StreamBroken as exc:
-            self._break(route, exc)
-            return False
-        return True
+        return await self._report_or_break(route)
 
     async def _switch_if_due(self, ts: int) -> _Route | None:
         """The route of an event stamped ``ts``: the next tick's from its start on (which then becomes current).
@@ -736,7 +729,7 @@ class FrontService(rpc.FrontServicer):
         self._ms_bytes += size
 
     def _stamp(self, events: Sequence[pb.Event], checked: list[tuple[Any, int]],
-               now: int, bound: int | None = None) -> tuple[pb.PushResponse, list[_Fresh]]:
+               now: int, bound: int | None) -> tuple[pb.PushResponse, list[_Fresh]]:
         """Tell retries from new events (also within this request) and give each new event its global time."""
         response = pb.PushResponse()
         fresh: list[_Fresh] = []
@@ -925,10 +918,16 @@ class FrontService(rpc.FrontServicer):
                     continue
                 if len(route.tick.fronts) == 1 and self._clock.covered() and not self._report_owed:
                     continue
-                try:
-                    await self._report(route)
-                except hosting.StreamBroken as exc:
-                    self._break(route, exc)
+                await self._report_or_break(route)
+
+    async def _report_or_break(self, route: _Route) -> bool:
+        """``_report``; False, with the route broken, if its acker stream broke."""
+        try:
+            await self._report(route)
+        except hosting.StreamBroken as exc:
+            self._break(route, exc)
+            return False
+        return True
 
     async def _report(self, route: _Route) -> None:
         """Promise the acker the clock's time now, persisted ahead first (a restarted front never stamps below
