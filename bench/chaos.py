@@ -85,7 +85,7 @@ class Fault:
     """Seconds since the stream started."""
     recovered_at: float | None = None
     """When the first record of an event stamped after the kill arrived (seconds since the start); None: never.
-    A ZooKeeper pause: the first record after SIGCONT."""
+    A ZooKeeper pause: of an event stamped after SIGCONT."""
     recovery_s: float | None = None
     first_record_s: float | None = None
     """Kill -> the first record consumed after the recovery tick was published (the older measure)."""
