@@ -90,3 +90,17 @@ def test_to_records_serializes_topic_records_and_drops_tombstone_payloads() -> N
     assert (time, trace, tombstone) == (gt, (0,), False)
     assert flamestream_pb2.Record.FromString(data) == flamestream_pb2.Record(
         time=flamestream_pb2.GlobalTime(ts=7, front=1), payload=b'{"a":1}')
+
+
+@pytest.mark.parametrize("gt", [GlobalTime(0, 0), GlobalTime(1, 0), GlobalTime(0, 5), GlobalTime(1_764_000_000_000, 3),
+                                GlobalTime(2**62, 2**31 - 1)])
+@pytest.mark.parametrize("length", [0, 1, 123, 124, 125, 126, 16_381, 16_382, 2_097_149, 2_097_150])
+def test_to_records_writes_the_bytes_protobuf_would(gt: GlobalTime, length: int) -> None:
+    """The records are written by hand; a recovery matches re-released records against the topic's by their bytes,
+    so they must be protobuf's own, byte for byte.  Payload lengths (a JSON string of ``length`` characters, two
+    quotes more) straddle the one-, two- and three-byte varints."""
+    payload = "x" * length
+    (data, _gt, _trace, _tombstone), = codec.to_records([(payload, gt, (0,), False)])
+    expected = flamestream_pb2.Record(time=flamestream_pb2.GlobalTime(ts=gt.ts, front=gt.front),
+                                      payload=payloads.encode_payload(payload))
+    assert data == expected.SerializeToString()
