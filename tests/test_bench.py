@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flamestream.bench.runner import latency_figures, percentile
+from flamestream.bench.runner import head_of_line, head_of_line_figures, latency_figures, percentile
 from flamestream.bench.suite import _comparisons
 from flamestream.bench.workloads import InvertedIndex, PageProgress, Wordcount, WordcountProgress
 
@@ -87,6 +87,32 @@ def test_latency_figures_are_nearest_rank_percentiles() -> None:
     assert (figures["p50_ms"], figures["p90_ms"], figures["p99_ms"], figures["max_ms"]) == (50.0, 90.0, 99.0, 100.0)
     assert percentile([5.0], 0.99) == 5.0
     assert latency_figures([])["p50_ms"] is None
+
+
+def test_head_of_line_splits_the_events_by_what_they_waited_behind() -> None:
+    """(scheduled s, latency s, obligations): two large events overlap, the first ending last; an event due while
+    either is unfinished is behind one, an event due at the moment the last one finishes is not."""
+    completions = [
+        (0.0, 5.0, 100),  # large, unfinished until 5.0
+        (1.0, 1.0, 90),  # large, unfinished until 2.0
+        (0.5, 0.25, 1),  # behind the first
+        (3.0, 0.5, 2),  # behind the first only (the second finished at 2.0): the longest-running one counts
+        (5.0, 0.0125, 1),  # the first finished at 5.0: alone
+        (6.0, 0.002, 3),  # alone
+    ]
+    split = head_of_line(completions, share=0.3)
+    assert split == {"large_units": 90, "large": [5000.0, 1000.0], "behind_large": [250.0, 500.0],
+                     "alone": [12.5, 2.0]}
+    figures = head_of_line_figures(split)
+    assert figures["large_units"] == 90
+    assert figures["behind_large"] == {"events": 2, "p50_ms": 250.0, "p99_ms": 500.0}
+    assert figures["alone"] == {"events": 2, "p50_ms": 2.0, "p99_ms": 12.5}
+
+
+def test_head_of_line_of_no_events_has_no_figures() -> None:
+    figures = head_of_line_figures(head_of_line([]))
+    assert figures["large_units"] is None
+    assert figures["large"] == {"events": 0, "p50_ms": None, "p99_ms": None}
 
 
 def test_comparisons_are_peer_p50_over_ours() -> None:

@@ -53,9 +53,13 @@ class Tracker:
 
     def __init__(self, progress: Progress) -> None:
         self._progress = progress
-        self._due: dict[str, float] = {}
+        self._due: dict[str, tuple[float, int]] = {}
+        """Unfinished event id -> (scheduled time, its obligations)."""
         self.latencies: list[float] = []
         """Seconds, in completion order."""
+        self.completions: list[tuple[float, float, int]] = []
+        """(scheduled time, latency in seconds, obligations) of each event that had obligations, in completion
+        order: what ``runner.head_of_line`` splits the latencies by."""
         self.records: list[Record] = []
         self.payloads: list[Any] = []
         """Pushed payloads in push order (global-time order for a single producer)."""
@@ -75,7 +79,7 @@ class Tracker:
             obligations = self._progress.expect(event_id, payload)
             self.units += obligations
             if obligations:
-                self._due[event_id] = due
+                self._due[event_id] = (due, obligations)
                 self._all_done.clear()
             else:
                 self.latencies.append(0.0)
@@ -87,7 +91,9 @@ class Tracker:
             self.records.extend(records)
             for record in records:
                 for event_id in self._progress.observe(record):
-                    self.latencies.append(now - self._due.pop(event_id))
+                    due, obligations = self._due.pop(event_id)
+                    self.latencies.append(now - due)
+                    self.completions.append((due, now - due, obligations))
                     self.last_done = now
             if not self._due:
                 self._all_done.set()

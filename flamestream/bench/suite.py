@@ -28,7 +28,7 @@ import psutil
 
 from flamestream.bench.harness import RunSpec
 from flamestream.bench.report import plot_cdf, write_result
-from flamestream.bench.runner import latency_figures
+from flamestream.bench.runner import LARGE_SHARE, head_of_line_figures, latency_figures
 from flamestream.bench.workloads import WORKLOADS
 
 SUSTAINABLE_P99_MS = 100.0
@@ -105,6 +105,11 @@ def _pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
     latencies = [v for r in ok for v in r["latencies_ms"]]
     pooled = {**ok[0], **latency_figures([v / 1000 for v in latencies]), "latencies_ms": latencies,
               "rounds": len(ok), "correct": all(r["correct"] for r in ok)}
+    if all("head_of_line_ms" in r for r in ok):  # the same seed every round: the same events are large
+        splits = [r["head_of_line_ms"] for r in ok]
+        pooled["head_of_line"] = head_of_line_figures(
+            {"large_units": splits[0]["large_units"],
+             **{kind: [v for split in splits for v in split[kind]] for kind in ("large", "behind_large", "alone")}})
     for key in ("throughput", "units_per_s", "cpu_seconds", "peak_rss_mb", "replay_overhead"):
         values = [r[key] for r in ok if r.get(key) is not None]
         pooled[key] = round(statistics.median(values), 4) if values else None
@@ -189,7 +194,7 @@ def run_suite(options: Options, say: Any = print) -> Path:
 
 
 def _without_latencies(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k not in ("latencies_ms", "system")}
+    return {k: v for k, v in entry.items() if k not in ("latencies_ms", "head_of_line_ms", "system")}
 
 
 def _brief(entry: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +213,18 @@ def _summary(entry: dict[str, Any]) -> str:
         return f"{entry['system']}: FAILED {entry['error']} (log: {entry['log']})"
     return (f"{entry['system']} ({entry['guarantees']}): p50 {entry['p50_ms']} ms, p99 {entry['p99_ms']} ms, "
             f"{entry['units_per_s']} units/s, {entry['events_completed']}/{entry['events_pushed']} done, "
-            f"correct={entry['correct']}")
+            f"correct={entry['correct']}{_behind_large(entry)}")
+
+
+def _behind_large(entry: dict[str, Any]) -> str:
+    """The summary's note on events that waited behind a large one (``runner.head_of_line``)."""
+    split = entry.get("head_of_line_ms")
+    if not split or not split["behind_large"]:
+        return ""
+    figures = head_of_line_figures(split)
+    return (f"; the other events' p50 {figures['alone']['p50_ms']} ms, {figures['behind_large']['p50_ms']} ms for "
+            f"the {figures['behind_large']['events']} due while one of the largest {LARGE_SHARE:.0%} "
+            f"(>= {figures['large_units']} units) was unfinished")
 
 
 def _comparisons(main: list[dict[str, Any]]) -> dict[str, float | None]:
