@@ -7,7 +7,9 @@ node turning its peer NOT_SERVING) is in tests/test_nodes.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2
 
+from flamestream.runtime import hosting
 from flamestream.runtime.channels import Channels, LocalContext, LocalEndpoints, LocalStream
 from flamestream.runtime.hosting import ClientStream, StreamBroken
 from flamestream.runtime.supervision import Supervisor
@@ -40,6 +43,23 @@ class Receiver:
             await asyncio.sleep(0)  # a receiver that yields: the writer must not overtake it
         self.ended.set()
         return pb.Empty()
+
+
+def test_a_node_runs_with_the_short_switch_interval() -> None:
+    """Threads doing a node's disk writes get the GIL back within ``SWITCH_INTERVAL``, not CPython's 5 ms."""
+    seen: list[float] = []
+
+    async def main() -> None:
+        seen.append(sys.getswitchinterval())
+
+    before, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    try:
+        hosting.run(main)
+    finally:  # this process is pytest's, not a node's
+        sys.setswitchinterval(before)
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+    assert seen == [hosting.SWITCH_INTERVAL] and before > hosting.SWITCH_INTERVAL
 
 
 def test_local_streams_are_fifo_and_close_waits_for_the_receiver() -> None:
