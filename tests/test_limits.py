@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flamestream import Graph, LocalRuntime, run_oracle
 from flamestream.client import ANONYMOUS, AsyncClient, Record, _check_group
@@ -103,6 +105,37 @@ def test_estimated_size_is_cheap_on_huge_repeats_and_cycles() -> None:
     cycle.append(cycle)
     assert estimated_size(cycle, 1000) > 1000
     assert estimated_size({"word": "dog", "count": 1}, 10**6) == estimated_size({"count": 1, "word": "dog"}, 10**6)
+
+
+class _Text(str):
+    """A str subclass: not counted in place by type, so it must reach the same figure the long way."""
+
+
+def _documented_size(value: Any) -> int:
+    """``estimated_size``'s rule, stated recursively and walked whole: the figure it must match below budget."""
+    if isinstance(value, str | bytes | bytearray):
+        return len(value) + 2
+    if isinstance(value, dict):
+        return 2 + 2 * len(value) + sum(map(_documented_size, [*value.keys(), *value.values()]))
+    if isinstance(value, list | tuple | set | frozenset):
+        return 2 + 2 * len(value) + sum(map(_documented_size, value))
+    return 8
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8),
+                     st.binary(max_size=8), st.text(max_size=8).map(_Text), st.integers().map(float))
+_plain = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=6), st.lists(inner, max_size=6).map(tuple), st.frozensets(st.integers(), max_size=4),
+    st.dictionaries(st.text(max_size=4), inner, max_size=4)), max_leaves=40)
+
+
+@given(_plain, st.integers(min_value=0, max_value=400))
+def test_estimated_size_is_its_documented_rule_and_crosses_the_budget_where_it_does(value: Any, budget: int) -> None:
+    # Numbers and strings inside tuples and lists are counted in place, the rest on the stack: the same figure.
+    whole = _documented_size(value)
+    assert estimated_size(value, 10**9) == whole
+    # A budget is crossed exactly when the whole figure is above it (the walk may stop anywhere past it).
+    assert (estimated_size(value, budget) > budget) == (whole > budget)
 
 
 def lines() -> list[str]:
