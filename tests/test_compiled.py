@@ -92,6 +92,10 @@ def test_a_source_edited_after_compiling_runs_as_python(tmp_path: Path) -> None:
     stale = run()
     assert stale.stdout.split() == ["pure", str(source)]
     assert "flamestream.core.grouping changed after being compiled" in stale.stderr
+    library = copy / Path(group).name
+    os.utime(library, (built + 20, built + 20))  # rebuilt since: the group's library holds the code
+    assert run().stdout.split()[0] == "compiled"
+    os.utime(library, (built, built))
     (copy / "setup.py").unlink()  # an installed package: a wheel writes its files in any order, times mean nothing
     installed = run()
     assert installed.stdout.split()[0] == "compiled" and "changed after being compiled" not in installed.stderr

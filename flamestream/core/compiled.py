@@ -54,13 +54,22 @@ def compiled_modules() -> dict[str, Path]:
 
 
 def _stale(modules: dict[str, Path]) -> list[str]:
-    """Sources modified after their compiled module was built, in a source tree."""
-    if not (_HERE.parents[1] / "setup.py").is_file():
+    """Sources modified after their compiled module was built, in a source tree.
+
+    Built when its module file or the group's shared library (``*__mypyc``
+    beside the package, which holds every module's code) was last written:
+    a rebuild after an edit that left a module's generated C as it was (a
+    docstring) relinks the library but does not rewrite the module's small
+    file, and that file's old time alone called a fresh build stale.
+    """
+    root = _HERE.parents[1]
+    if not (root / "setup.py").is_file():
         return []
+    group = [p.stat().st_mtime for s in importlib.machinery.EXTENSION_SUFFIXES for p in root.glob(f"*__mypyc{s}")]
     stale = []
     for name, source in modules.items():
-        built = min(p.stat().st_mtime for s in importlib.machinery.EXTENSION_SUFFIXES
-                    for p in _HERE.glob(f"{source.stem}{s}"))
+        built = max(min(p.stat().st_mtime for s in importlib.machinery.EXTENSION_SUFFIXES
+                        for p in _HERE.glob(f"{source.stem}{s}")), *group)
         if source.stat().st_mtime > built:
             stale.append(name)
     return stale
