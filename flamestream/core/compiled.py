@@ -68,8 +68,8 @@ def _stale(modules: dict[str, Path]) -> list[str]:
     group = [p.stat().st_mtime for s in importlib.machinery.EXTENSION_SUFFIXES for p in root.glob(f"*__mypyc{s}")]
     stale = []
     for name, source in modules.items():
-        built = max(min(p.stat().st_mtime for s in importlib.machinery.EXTENSION_SUFFIXES
-                        for p in _HERE.glob(f"{source.stem}{s}")), *group)
+        built = max([min(p.stat().st_mtime for s in importlib.machinery.EXTENSION_SUFFIXES
+                         for p in _HERE.glob(f"{source.stem}{s}")), *group])
         if source.stat().st_mtime > built:
             stale.append(name)
     return stale
