@@ -159,6 +159,17 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(cluster_dir: Path, zooke
     assert status.returncode == 0 and "restarts 1" in status.stdout, status.stdout
 
 
+def _snapshot_being_written(snapshots: Path) -> Path | None:
+    """A worker's ``.snap.tmp`` under any snapshot directory, or None. Retention prunes old directories while this
+    polls, so a directory that vanishes between listing and reading is skipped (``glob`` raises on it)."""
+    for directory in snapshots.iterdir() if snapshots.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for tmp in directory.iterdir():
+                if tmp.name.startswith("worker-") and tmp.name.endswith(".snap.tmp"):
+                    return tmp
+    return None
+
+
 def test_kill_9_during_a_snapshot_write(cluster_dir: Path, zookeeper: str, cluster_name: str) -> None:
     """A worker dies while its ``.snap.tmp`` exists: that snapshot never completes, recovery starts from an older
     complete one (the torn file is never read), and the output is still exactly the oracle's."""
@@ -170,11 +181,10 @@ def test_kill_9_during_a_snapshot_write(cluster_dir: Path, zookeeper: str, clust
         torn: Path | None = None
         while torn is None:  # the file lives for a write and an fsync: polled tightly, killed at once
             assert time.monotonic() < deadline, "no snapshot write seen within 60 s"
-            torn = next((tmp for tmp in snapshots.glob("*/worker-*.snap.tmp")), None)
+            torn = _snapshot_being_written(snapshots)
             if torn is None:
                 time.sleep(0.0005)
-        with contextlib.suppress(FileNotFoundError):  # renamed meanwhile: then the kill came after the write
-            os.kill(pids[torn.name], signal.SIGKILL)
+        os.kill(pids[torn.name], signal.SIGKILL)
         if not torn.exists():
             pytest.skip("the write finished between seeing its file and the kill")  # a race, not a failure
         ticks = len(store.ticks())
