@@ -246,6 +246,10 @@ class AsyncClient:
         self.rpc_timeout = rpc_timeout
         self.connect_timeout = connect_timeout
         self._store: ClusterStore | None = None
+        self._opening = asyncio.Lock()
+        """Held while the session opens: calls that start together (a consume's partitions, a gather) would each
+        open one otherwise, and all but the last would never be stopped, reconnecting for good once the cluster's
+        ZooKeeper is gone."""
         self._retired: list[ClusterStore] = []
         """Sessions replaced by one with the discovered admin digest (``_discover``), stopped by ``close``."""
         self._members: dict[str, dict[str, dict[str, Any]]] = {}
@@ -301,17 +305,28 @@ class AsyncClient:
     # -- membership ----------------------------------------------------------------------------------------
 
     async def _cluster_store(self) -> ClusterStore:
-        if self._store is None:
-            auth = self.credentials.zookeeper_auth("admin") if self.credentials else None
-            store = ClusterStore(self.zookeeper, cluster=self.cluster, timeout=self.connect_timeout, auth=auth,
-                                 writers=list(self.credentials.zookeeper.values()) if self.credentials and auth
-                                 else ())
-            try:
-                await asyncio.to_thread(store.start)
-            except (TimeoutError, ValueError) as exc:
-                raise ClientError(f"cannot reach ZooKeeper at {self.zookeeper}: {exc}") from None
-            self._store = store
-        return self._store
+        async with self._opening:
+            if self._store is None:
+                self._store = await self._open_store()
+            return self._store
+
+    async def _open_store(self) -> ClusterStore:
+        auth = self.credentials.zookeeper_auth("admin") if self.credentials else None
+        store = ClusterStore(self.zookeeper, cluster=self.cluster, timeout=self.connect_timeout, auth=auth,
+                             writers=list(self.credentials.zookeeper.values()) if self.credentials and auth else ())
+        starting = asyncio.ensure_future(asyncio.to_thread(store.start))
+        try:
+            await asyncio.shield(starting)
+        except (TimeoutError, ValueError) as exc:
+            raise ClientError(f"cannot reach ZooKeeper at {self.zookeeper}: {exc}") from None
+        except asyncio.CancelledError:
+            # Cancelled (``close`` ends an abandoned consume) while the thread connects: that session would be
+            # nobody's to stop, so wait for the start (bounded by connect_timeout) and stop it.
+            with contextlib.suppress(Exception):
+                await starting
+            await asyncio.to_thread(store.stop)
+            raise
+        return store
 
     async def _in_zookeeper(self, what: str, call: Callable[[ClusterStore], T]) -> T:
         """Run a blocking ClusterStore call off the loop, reporting a lost ZooKeeper as a ClientError."""

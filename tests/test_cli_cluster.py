@@ -35,7 +35,7 @@ from flamestream.core.tick import Layout, Tick
 from flamestream.runtime import launcher
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from tests.loopback import start_server
+from tests.loopback import connections_to, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -367,6 +367,41 @@ def test_a_front_that_registers_late_is_waited_for_one_that_never_does_is_an_err
     later.join()
     # anonymous pushes carry the client's internal producer id, so a retry of them is deduplicated too
     assert [(producer.startswith(ANONYMOUS), sequence, x) for producer, sequence, x in front.log] == [(True, 0, "x")]
+
+
+def test_calls_that_start_together_share_one_zookeeper_session(zookeeper: str, cluster_name: str) -> None:
+    """A client's first ZooKeeper calls, made at once (a gather, a consume's partitions), open one session; each
+    used to open its own, and all but one outlived ``close``, reconnecting for good once ZooKeeper was gone (the
+    chaos test's pusher left one behind for the rest of the suite)."""
+    port = int(zookeeper.rpartition(":")[2])
+    before = connections_to(port)
+
+    async def scenario() -> int:
+        async with AsyncClient(zookeeper, cluster_name) as client:
+            await asyncio.gather(*(client.members(role) for role in ("acker", "worker", "front", "barrier")))
+            return connections_to(port)
+
+    assert asyncio.run(scenario()) == before + 1
+    assert connections_to(port) == before
+
+
+def test_a_call_cancelled_while_its_session_opens_leaves_no_session(zookeeper: str, cluster_name: str) -> None:
+    """``close`` cancels an abandoned consume; if that lands while the session connects (in a thread), the
+    session must still be stopped, not left to nobody."""
+    port = int(zookeeper.rpartition(":")[2])
+    before = connections_to(port)
+
+    async def scenario() -> None:
+        async with AsyncClient(zookeeper, cluster_name) as client:
+            call = asyncio.ensure_future(client.members("front"))
+            while connections_to(port) == before:  # connected: the session's start is under way in its thread
+                await asyncio.sleep(0)
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+
+    asyncio.run(scenario())
+    assert connections_to(port) == before
 
 
 def test_async_client_spreads_anonymous_batches_and_pins_a_producer(

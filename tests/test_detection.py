@@ -33,6 +33,7 @@ from flamestream.runtime.supervision import Supervisor
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
 from flamestream.wire.transport import GRPC_OPTIONS, KEEPALIVE_MS
+from tests.loopback import connections_to
 from tests.netns import veth_pair
 from tests.test_acker_service import REPO, ack, publish_tick, report, running, send
 from tests.test_nodes import eventually
@@ -125,17 +126,6 @@ def test_a_broken_stream_whose_role_recovers_in_time_does_not_stop_the_node() ->
         await supervisor.stop()
 
     asyncio.run(scenario())
-
-
-def _established_to(port: int) -> bool:
-    """Whether some TCP connection to ``port`` is established (/proc/net/tcp and tcp6: state 01; gRPC may open
-    an IPv4 connection as IPv4-mapped IPv6)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "01" and int(fields[2].rpartition(":")[2], 16) == port:
-                return True
-    return False
 
 
 def _closed_port() -> str:
@@ -360,7 +350,7 @@ def test_a_node_exits_1_naming_the_acker_whose_stream_broke(zookeeper: str, clus
                                   stderr=subprocess.DEVNULL)
         eventually(lambda: "serving worker0" in (log.read_text() if log.exists() else ""), "the worker to serve")
         # Its min-time watch waits for the acker (wait_for_ready): kill the acker only once the watch is connected.
-        eventually(lambda: _established_to(int(address.rpartition(":")[2])), "the worker's min-time watch")
+        eventually(lambda: connections_to(int(address.rpartition(":")[2])) > 0, "the worker's min-time watch")
         acker.kill()
         assert worker.wait(60) == 1
         text = log.read_text()
