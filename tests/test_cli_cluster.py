@@ -374,34 +374,34 @@ def test_calls_that_start_together_share_one_zookeeper_session(zookeeper: str, c
     used to open its own, and all but one outlived ``close``, reconnecting for good once ZooKeeper was gone (the
     chaos test's pusher left one behind for the rest of the suite)."""
     port = int(zookeeper.rpartition(":")[2])
-    before = connections_to(port)
+    before = connections_to(port, own=True)
 
     async def scenario() -> int:
         async with AsyncClient(zookeeper, cluster_name) as client:
             await asyncio.gather(*(client.members(role) for role in ("acker", "worker", "front", "barrier")))
-            return connections_to(port)
+            return connections_to(port, own=True)
 
     assert asyncio.run(scenario()) == before + 1
-    assert connections_to(port) == before
+    assert connections_to(port, own=True) == before
 
 
 def test_a_call_cancelled_while_its_session_opens_leaves_no_session(zookeeper: str, cluster_name: str) -> None:
     """``close`` cancels an abandoned consume; if that lands while the session connects (in a thread), the
     session must still be stopped, not left to nobody."""
     port = int(zookeeper.rpartition(":")[2])
-    before = connections_to(port)
+    before = connections_to(port, own=True)
 
     async def scenario() -> None:
         async with AsyncClient(zookeeper, cluster_name) as client:
             call = asyncio.ensure_future(client.members("front"))
-            while connections_to(port) == before:  # connected: the session's start is under way in its thread
+            while connections_to(port, own=True) == before:  # connected: the session's start is under way in its thread
                 await asyncio.sleep(0)
             call.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await call
 
     asyncio.run(scenario())
-    assert connections_to(port) == before
+    assert connections_to(port, own=True) == before
 
 
 def test_async_client_spreads_anonymous_batches_and_pins_a_producer(
