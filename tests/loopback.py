@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from collections.abc import Callable
@@ -21,18 +22,26 @@ async def start_server(register: Callable[[grpc.aio.Server], None]) -> tuple[grp
 
 def connections_to(port: int, *, own: bool = False) -> int:
     """How many TCP connections to ``port`` are established, from any process of this network namespace or, with
-    ``own``, from this process only (/proc/net/tcp and tcp6: state 01, the socket's inode one of /proc/self/fd's;
-    gRPC may open an IPv4 connection as IPv4-mapped IPv6)."""
-    mine = {link for fd in glob.glob("/proc/self/fd/*") if (link := _link(fd)).startswith("socket:")} if own else None
-    return sum(1 for table in ("/proc/net/tcp", "/proc/net/tcp6")
-               for fields in (line.split() for line in Path(table).read_text().splitlines()[1:])
-               if fields[3] == "01" and int(fields[2].rpartition(":")[2], 16) == port
-               and (mine is None or f"socket:[{fields[9]}]" in mine))
+    ``own``, from this process only (/proc/net/tcp and tcp6: state 01; gRPC may open an IPv4 connection as
+    IPv4-mapped IPv6)."""
+    inodes = _own_socket_inodes() if own else None
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            established = fields[3] == "01" and int(fields[2].rpartition(":")[2], 16) == port
+            if established and (inodes is None or fields[9] in inodes):
+                count += 1
+    return count
 
 
-def _link(fd: str) -> str:
-    """Where an fd of /proc/self/fd points, or "" if it closed since it was listed."""
-    try:
-        return os.readlink(fd)
-    except OSError:
-        return ""
+def _own_socket_inodes() -> set[str]:
+    """The inodes of this process's sockets: /proc/self/fd links read "socket:[INODE]" (an fd closed since it was
+    listed is skipped)."""
+    inodes = set()
+    for fd in glob.glob("/proc/self/fd/*"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:["):-1])
+    return inodes

@@ -162,8 +162,8 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(cluster_dir: Path, zooke
 def _snapshot_being_written(snapshots: Path) -> Path | None:
     """A worker's ``.snap.tmp`` under any snapshot directory, or None. Retention prunes old directories while this
     polls, so a directory that vanishes between listing and reading is skipped (``glob`` raises on it)."""
-    for directory in snapshots.iterdir() if snapshots.is_dir() else ():
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+    for directory in snapshots.iterdir():  # only boundary directories live here (``storage.snapshots``)
+        with contextlib.suppress(FileNotFoundError):
             for tmp in directory.iterdir():
                 if tmp.name.startswith("worker-") and tmp.name.endswith(".snap.tmp"):
                     return tmp
