@@ -1,16 +1,24 @@
 """Replay follows the ticks a cluster recorded: after a redeploy of another graph mid-stream (the cluster hands
 its state over), the replay runs each interval with its tick's graph and carries the state the same way, so the
-audit says EQUAL — while a replay of either graph alone over the whole log differs."""
+audit says EQUAL — while a replay of either graph alone over the whole log differs.
+
+The replay that follows the ticks runs as a user runs it (the CLI, which finds the cluster's ZooKeeper through
+DIR/cluster.json); the audits and the single-graph replay run on the suite's Spark session (the CLI's audit is
+tested in test_audit.py), since every Spark application started cold costs this suite ~40 s."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from examples import wordcount
 from flamestream.client import Client
+from flamestream.spark.audit import audit_spark
+from flamestream.spark.replay import replay
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +51,8 @@ def push_and_drain(zookeeper: str, cluster: str, lines: list[str], total: int) -
     assert seen == total
 
 
-def test_audit_after_a_redeploy_of_another_graph_is_equal(tmp_path: Path, zookeeper: str,
-                                                           cluster_name: str) -> None:
+def test_audit_after_a_redeploy_of_another_graph_is_equal(tmp_path: Path, zookeeper: str, cluster_name: str,
+                                                           spark: Any) -> None:
     data = tmp_path / "cluster"
     v2 = second_version(tmp_path)
     up = flamestream("up", "--nodes", "2", "--fronts", "2", "--data-dir", str(data), "--zookeeper", zookeeper,
@@ -63,13 +71,11 @@ def test_audit_after_a_redeploy_of_another_graph_is_equal(tmp_path: Path, zookee
         assert "interval 2/2" in ticks.stderr
     finally:
         assert flamestream("down", "--data-dir", str(data)).returncode == 0
-    equal = flamestream("audit", "--topic", str(data), "--replay", str(tmp_path / "ticks"), "--master", "local[2]")
-    assert equal.returncode == 0, equal.stdout + equal.stderr[-2000:]
-    assert f"EQUAL: the topic and the replay both hold the same {120 * WORDS} records" in equal.stdout
+    equal = audit_spark(spark, data, tmp_path / "ticks")
+    assert equal.equal, equal.verdict(10)
+    assert f"EQUAL: the topic and the replay both hold the same {120 * WORDS} records" in equal.verdict(10)
 
-    one = flamestream("replay", "--graph", "examples/wordcount.py", "--input-log", str(data), "--out",
-                      str(tmp_path / "one"), "--master", "local[2]", "--partitions", "2")
-    assert one.returncode == 0, one.stderr[-3000:]
-    differ = flamestream("audit", "--topic", str(data), "--replay", str(tmp_path / "one"), "--master", "local[2]")
-    assert differ.returncode == 1 and "DIFFERENT" in differ.stdout
-    assert '"v": 2' in differ.stdout  # the second graph's records are what a single-graph replay misses
+    replay(spark, data, str(tmp_path / "one"), graph=wordcount.graph(), partitions=2, progress=lambda line: None)
+    differ = audit_spark(spark, data, tmp_path / "one")
+    assert not differ.equal and "DIFFERENT" in differ.verdict(10)
+    assert '"v": 2' in differ.verdict(10)  # the second graph's records are what a single-graph replay misses

@@ -1,6 +1,6 @@
 """A real Spark cluster: a standalone master and one worker on loopback (the pyspark package's own launcher).
-``flamestream replay --master spark://…`` equals the local replay and the oracle, ``flamestream audit`` against it
-says EQUAL, and ``flamestream sink parquet`` lands the topic through it."""
+``flamestream replay --master spark://…`` equals the local replay (on the suite's session) and the oracle,
+``flamestream audit`` against it says EQUAL, and ``flamestream sink parquet`` lands the topic through it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from examples import inverted_index
 from flamestream import run_oracle
 from flamestream.core.front import stamp_inputs
+from flamestream.spark.replay import replay
 from flamestream.spark.standalone import StandaloneCluster
 from tests.test_replay import PAGES, ROOT, multiset, replayed, write_input_logs
 from tests.test_spark_driver import write_topic
@@ -41,20 +42,19 @@ def test_standalone_cluster_replay_equals_local_replay(cluster: StandaloneCluste
     stamped = stamp_inputs(pages + revised, 2, per_ms=2)
     data = tmp_path / "cluster"
     write_input_logs(data, stamped)
-    outputs = {}
-    for name, master in (("standalone", cluster.url), ("local", "local[2]")):
-        outputs[name] = tmp_path / name
-        done = flamestream("replay", "--graph", "examples/inverted_index.py", "--input-log", str(data),
-                           "--out", str(outputs[name]), "--master", master, "--partitions", "3")
-        assert done.returncode == 0, done.stderr[-3000:]
+    standalone, local = tmp_path / "standalone", tmp_path / "local"
+    done = flamestream("replay", "--graph", "examples/inverted_index.py", "--input-log", str(data),
+                       "--out", str(standalone), "--master", cluster.url, "--partitions", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
     assert "flamestream-replay" in [app["name"] for app in cluster.status()["completedapps"]]  # ran on the cluster
-    on_cluster = replayed(spark, outputs["standalone"])
-    assert multiset(on_cluster) == multiset(replayed(spark, outputs["local"]))
+    replay(spark, data, str(local), graph=inverted_index.graph(), partitions=3, progress=lambda line: None)
+    on_cluster = replayed(spark, standalone)
+    assert multiset(on_cluster) == multiset(replayed(spark, local))
     expected, _ = run_oracle(inverted_index.graph(), stamped)
     assert multiset(on_cluster) == multiset(expected)
 
     write_topic(data, expected)
-    audited = flamestream("audit", "--topic", str(data), "--replay", str(outputs["standalone"]),
+    audited = flamestream("audit", "--topic", str(data), "--replay", str(standalone),
                           "--master", cluster.url)
     assert audited.returncode == 0, audited.stderr[-3000:]
     assert f"EQUAL: the topic and the replay both hold the same {len(expected)} records" in audited.stdout
