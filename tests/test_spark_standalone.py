@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,8 @@ from flamestream import run_oracle
 from flamestream.core.front import stamp_inputs
 from flamestream.spark.replay import replay
 from flamestream.spark.standalone import StandaloneCluster
-from tests.test_replay import PAGES, ROOT, multiset, replayed, write_input_logs
+from tests.sparkcli import run_commands
+from tests.test_replay import PAGES, multiset, replayed, write_input_logs
 from tests.test_spark_driver import write_topic
 
 pytestmark = pytest.mark.slow
@@ -30,11 +29,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
         yield standalone
 
 
-def flamestream(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flamestream", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-
-
 def test_standalone_cluster_replay_equals_local_replay(cluster: StandaloneCluster, spark: Any,
                                                         tmp_path: Path) -> None:
     pages = list(inverted_index.read_input(str(PAGES)))[:80]
@@ -42,27 +36,27 @@ def test_standalone_cluster_replay_equals_local_replay(cluster: StandaloneCluste
     stamped = stamp_inputs(pages + revised, 2, per_ms=2)
     data = tmp_path / "cluster"
     write_input_logs(data, stamped)
-    standalone, local = tmp_path / "standalone", tmp_path / "local"
-    done = flamestream("replay", "--graph", "examples/inverted_index.py", "--input-log", str(data),
-                       "--out", str(standalone), "--master", cluster.url, "--partitions", "3")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "flamestream-replay" in [app["name"] for app in cluster.status()["completedapps"]]  # ran on the cluster
+    expected, _ = run_oracle(inverted_index.graph(), stamped)
+    write_topic(data, expected)
+    standalone, local, table = tmp_path / "standalone", tmp_path / "local", tmp_path / "table"
+    on = ["--master", cluster.url]
+    replay_run, audit_run, sink_run = run_commands(
+        [["replay", "--graph", "examples/inverted_index.py", "--input-log", str(data), "--out", str(standalone),
+          "--partitions", "3", *on],
+         ["audit", "--topic", str(data), "--replay", str(standalone), *on],
+         ["sink", "parquet", "--topic", str(data), "--out", str(table), "--once", *on]])
+    assert replay_run["code"] == 0, replay_run["stderr"][-3000:]
+    completed = [app["name"] for app in cluster.status()["completedapps"]]  # each ran on the cluster
+    assert {"flamestream-replay", "flamestream-audit", "flamestream-sink"} <= set(completed), completed
     replay(spark, data, str(local), graph=inverted_index.graph(), partitions=3, progress=lambda line: None)
     on_cluster = replayed(spark, standalone)
     assert multiset(on_cluster) == multiset(replayed(spark, local))
-    expected, _ = run_oracle(inverted_index.graph(), stamped)
     assert multiset(on_cluster) == multiset(expected)
 
-    write_topic(data, expected)
-    audited = flamestream("audit", "--topic", str(data), "--replay", str(standalone),
-                          "--master", cluster.url)
-    assert audited.returncode == 0, audited.stderr[-3000:]
-    assert f"EQUAL: the topic and the replay both hold the same {len(expected)} records" in audited.stdout
+    assert audit_run["code"] == 0, audit_run["stderr"][-3000:]
+    assert f"EQUAL: the topic and the replay both hold the same {len(expected)} records" in audit_run["stdout"]
 
-    table = tmp_path / "table"
-    sunk = flamestream("sink", "parquet", "--topic", str(data), "--out", str(table), "--once",
-                       "--master", cluster.url)
-    assert sunk.returncode == 0, sunk.stderr[-3000:]
+    assert sink_run["code"] == 0, sink_run["stderr"][-3000:]
     rows = spark.read.parquet(str(table)).collect()
     assert multiset([((r.ts, r.front), json.loads(r.payload)) for r in rows]) == multiset(
         [((gt.ts, gt.front), p) for gt, p in expected])
