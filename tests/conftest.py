@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from flamestream.coordinator.zookeeper import ZooKeeperServer
+from tests.sparkcli import SparkCli
 
 _clusters = itertools.count()
 
@@ -43,6 +44,14 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCli]:
+    """One process for every test's ``flamestream`` Spark commands (tests/sparkcli.py: a cold Spark start each
+    would cost ~40 s)."""
+    with SparkCli(tmp_path_factory.mktemp("spark-cli") / "spark.log") as cli:
+        yield cli
 
 
 @pytest.fixture

@@ -1,8 +1,7 @@
 """Audit: the stream's topic against a batch replay of the same input log.
 
 The stream test replays on the suite's Spark session and audits the equal case there too; only the audit that
-finds a difference runs as a user runs it (the CLI: its report and exit code), since every Spark application
-started cold costs this suite ~40 s."""
+finds a difference runs as a user runs it (the CLI: its report and exit code; tests/sparkcli.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from flamestream.spark.audit import audit, audit_spark, topic_records
 from flamestream.spark.replay import OUT_SCHEMA, replay
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
+from tests.sparkcli import SparkCli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def copy_topic_with_one_change(source: Path, target: Path) -> str:
 
 @pytest.mark.slow
 def test_stream_topic_audits_equal_to_replay_and_a_corrupted_record_is_shown(
-        tmp_path: Path, zookeeper: str, cluster_name: str, spark: Any) -> None:
+        tmp_path: Path, zookeeper: str, cluster_name: str, spark: Any, spark_cli: SparkCli) -> None:
     data = tmp_path / "cluster"
     up = flamestream("up", "--nodes", "2", "--fronts", "2", "--data-dir", str(data), "--zookeeper", zookeeper,
                      "--cluster", cluster_name)
@@ -117,7 +117,7 @@ def test_stream_topic_audits_equal_to_replay_and_a_corrupted_record_is_shown(
     assert len(topic_records(data)) == 7 * len(lines)
 
     old = copy_topic_with_one_change(data, tmp_path / "tampered")
-    differ = flamestream("audit", "--topic", str(tmp_path / "tampered"), "--replay", str(out))
+    differ = spark_cli.run("audit", "--topic", str(tmp_path / "tampered"), "--replay", str(out))
     assert differ.returncode == 1
     assert "DIFFERENT" in differ.stdout and "1 only in the topic, 1 only in the replay" in differ.stdout
     assert "only in the topic" in differ.stdout and '"tampered"' in differ.stdout

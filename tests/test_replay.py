@@ -26,6 +26,7 @@ from flamestream.storage.input_log import encode_record, front_log_dir
 from flamestream.storage.log import SegmentedLog
 from tests import randomgraph
 from tests.randomgraph import Stage
+from tests.sparkcli import SparkCli
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,14 +135,13 @@ def test_a_loop_that_changes_partition_is_refused(spark: Any, tmp_path: Path) ->
         run(spark, tmp_path, stamp_inputs(list(range(40, 60))), graph=g)
 
 
-def test_cli_replays_an_input_log_into_parquet(spark: Any, tmp_path: Path) -> None:
+def test_cli_replays_an_input_log_into_parquet(spark: Any, spark_cli: SparkCli, tmp_path: Path) -> None:
     lines = [f"a b {i % 4}" for i in range(60)]
     stamped = stamp_inputs(lines, fronts=2, per_ms=3)
     write_input_logs(tmp_path, stamped)
     out = tmp_path / "replayed"
-    done = subprocess.run([sys.executable, "-m", "flamestream", "replay", "--graph", "examples/wordcount.py",
-                           "--input-log", str(tmp_path), "--out", str(out), "--master", "local[2]"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = spark_cli.run("replay", "--graph", "examples/wordcount.py", "--input-log", str(tmp_path), "--out",
+                         str(out), "--master", "local[2]")
     assert done.returncode == 0, done.stderr
     assert "replay: stage 1/1 grouping 'by_word': 180 in -> 180 released" in done.stderr  # progress is visible
     assert "replayed 60 events -> 180 records" in done.stderr

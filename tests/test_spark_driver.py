@@ -14,7 +14,7 @@ from flamestream.core.front import stamp_inputs
 from flamestream.core.payload import encode_payload
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
-from tests.sparkcli import run_commands
+from tests.sparkcli import SparkCli
 from tests.test_replay import PAGES, write_input_logs
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def write_topic(data_dir: Path, records: list[tuple[Any, Any]]) -> int:
     return size
 
 
-def test_replay_and_audit_collect_no_rows_to_the_driver(tmp_path: Path) -> None:
+def test_replay_and_audit_collect_no_rows_to_the_driver(tmp_path: Path, spark_cli: SparkCli) -> None:
     pages = list(inverted_index.read_input(str(PAGES)))
     stamped = stamp_inputs(pages, 2, per_ms=1)
     data = tmp_path / "cluster"
@@ -44,13 +44,12 @@ def test_replay_and_audit_collect_no_rows_to_the_driver(tmp_path: Path) -> None:
     assert write_topic(data, expected) > 6_000_000  # 6x the limit: a collect of either side would fail
     out = tmp_path / "replayed"
     limited = ["--master", "local[2]", "--conf", f"spark.driver.maxResultSize={LIMIT}"]
-    replayed, audited, collected = run_commands(
-        [["replay", "--graph", "examples/inverted_index.py", "--input-log", str(data), "--out", str(out),
-          "--partitions", "2", *limited],
-         ["audit", "--topic", str(data), "--replay", str(out), *limited]],
-        collect=out, conf={"spark.driver.maxResultSize": LIMIT})
-    assert replayed["code"] == 0, replayed["stderr"][-3000:]
-    assert f"replayed {len(pages)} events -> {len(expected)} records" in replayed["stderr"]
-    assert audited["code"] == 0, audited["stderr"][-3000:]
-    assert f"EQUAL: the topic and the replay both hold the same {len(expected)} records" in audited["stdout"]
-    assert collected["code"] != 0 and "maxResultSize" in collected["stderr"]  # the limit does bite a collect
+    replayed = spark_cli.run("replay", "--graph", "examples/inverted_index.py", "--input-log", str(data), "--out",
+                             str(out), "--partitions", "2", *limited)
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
+    assert f"replayed {len(pages)} events -> {len(expected)} records" in replayed.stderr
+    audited = spark_cli.run("audit", "--topic", str(data), "--replay", str(out), *limited)
+    assert audited.returncode == 0, audited.stderr[-3000:]
+    assert f"EQUAL: the topic and the replay both hold the same {len(expected)} records" in audited.stdout
+    collected = spark_cli.collect(out, {"spark.driver.maxResultSize": LIMIT})
+    assert collected.returncode != 0 and "maxResultSize" in collected.stderr  # the limit does bite a collect

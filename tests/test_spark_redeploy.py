@@ -4,7 +4,7 @@ audit says EQUAL — while a replay of either graph alone over the whole log dif
 
 The replay that follows the ticks runs as a user runs it (the CLI, which finds the cluster's ZooKeeper through
 DIR/cluster.json); the audits and the single-graph replay run on the suite's Spark session (the CLI's audit is
-tested in test_audit.py), since every Spark application started cold costs this suite ~40 s."""
+tested in test_audit.py; tests/sparkcli.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from examples import wordcount
 from flamestream.client import Client
 from flamestream.spark.audit import audit_spark
 from flamestream.spark.replay import replay
+from tests.sparkcli import SparkCli
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +53,7 @@ def push_and_drain(zookeeper: str, cluster: str, lines: list[str], total: int) -
 
 
 def test_audit_after_a_redeploy_of_another_graph_is_equal(tmp_path: Path, zookeeper: str, cluster_name: str,
-                                                           spark: Any) -> None:
+                                                           spark: Any, spark_cli: SparkCli) -> None:
     data = tmp_path / "cluster"
     v2 = second_version(tmp_path)
     up = flamestream("up", "--nodes", "2", "--fronts", "2", "--data-dir", str(data), "--zookeeper", zookeeper,
@@ -65,7 +66,7 @@ def test_audit_after_a_redeploy_of_another_graph_is_equal(tmp_path: Path, zookee
         assert redeploy.returncode == 0, redeploy.stderr
         push_and_drain(zookeeper, cluster_name, [f"to be or not to be {i % 4}" for i in range(60)], 120 * WORDS)
         # While the cluster runs, replay finds its ZooKeeper (and so its ticks) through DIR/cluster.json.
-        ticks = flamestream("replay", "--input-log", str(data), "--out", str(tmp_path / "ticks"),
+        ticks = spark_cli.run("replay", "--input-log", str(data), "--out", str(tmp_path / "ticks"),
                             "--master", "local[2]", "--partitions", "2")
         assert ticks.returncode == 0, ticks.stderr[-3000:]
         assert "interval 2/2" in ticks.stderr

@@ -3,8 +3,6 @@ replay still works once the log before it is gone (retention).  A damaged or inc
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,8 @@ from flamestream.spark.replay import ReplayError, replay
 from flamestream.spark.segments import list_segments, read_range
 from flamestream.storage.input_log import decode_record
 from flamestream.storage.snapshots import snapshot_dir, snapshot_path, write_snapshot
-from tests.test_replay import PAGES, ROOT, multiset, replayed, write_input_logs
+from tests.sparkcli import SparkCli
+from tests.test_replay import PAGES, multiset, replayed, write_input_logs
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +73,7 @@ def test_replay_from_a_snapshot_after_retention_equals_the_oracle_after_it(
     assert result.events == sum(1 for s in stamped if s[1] >= at)
 
 
-def test_a_damaged_or_incomplete_snapshot_is_refused(spark: Any, tmp_path: Path) -> None:
+def test_a_damaged_or_incomplete_snapshot_is_refused(spark: Any, spark_cli: SparkCli, tmp_path: Path) -> None:
     lines = [f"a b {i % 3}" for i in range(30)]
     stamped = stamp_inputs(lines, 2, per_ms=2)
     at = stamped[15][1]
@@ -98,7 +97,6 @@ def test_a_damaged_or_incomplete_snapshot_is_refused(spark: Any, tmp_path: Path)
     with pytest.raises(ReplayError, match=r"incomplete: no file of worker\(s\) \[0\]"):
         attempt()
 
-    done = subprocess.run([sys.executable, "-m", "flamestream", "replay", "--graph", "examples/wordcount.py",
-                           "--input-log", str(tmp_path), "--out", str(tmp_path / "cli"), "--master", "local[1]",
-                           "--from-snapshot", str(snapshot)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = spark_cli.run("replay", "--graph", "examples/wordcount.py", "--input-log", str(tmp_path), "--out",
+                         str(tmp_path / "cli"), "--master", "local[1]", "--from-snapshot", str(snapshot))
     assert done.returncode == 2 and "incomplete: no file of worker(s) [0]" in done.stderr, done.stderr

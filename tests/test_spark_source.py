@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from flamestream.spark.segments import list_segments
 from flamestream.spark.source import FlamestreamSource, InputLogSource, front_logs, start_parquet_sink
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
+from tests.sparkcli import SparkCli
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,11 +73,10 @@ def test_sink_stopped_mid_way_and_restarted_lands_every_record_once(spark: Any, 
     assert len(rows) == 450 and len({(r[0], r[1]) for r in rows}) == 450
 
 
-def test_cli_sink_once(tmp_path: Path, spark: Any) -> None:
+def test_cli_sink_once(tmp_path: Path, spark: Any, spark_cli: SparkCli) -> None:
     write_topic(tmp_path, 0, ["p", "q", "r"])
-    done = subprocess.run([sys.executable, "-m", "flamestream", "sink", "parquet", "--topic", str(tmp_path),
-                           "--out", str(tmp_path / "t"), "--once", "--master", "local[2]"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = spark_cli.run("sink", "parquet", "--topic", str(tmp_path), "--out", str(tmp_path / "t"), "--once",
+                         "--master", "local[2]")
     assert done.returncode == 0, done.stderr
     assert [r[4] for r in landed(spark, tmp_path / "t")] == ["p", "q", "r"]
 
