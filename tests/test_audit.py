@@ -1,7 +1,7 @@
 """Audit: the stream's topic against a batch replay of the same input log.
 
-The stream test replays on the suite's Spark session and audits the equal case there too; only the audit that
-finds a difference runs as a user runs it (the CLI: its report and exit code; tests/sparkcli.py)."""
+The stream test replays on the suite's Spark session and audits the equal case there too; the audit that finds a
+difference runs as a user runs it (the CLI, through tests/sparkcli.py: its report and its exit code)."""
 
 from __future__ import annotations
 

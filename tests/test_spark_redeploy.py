@@ -3,8 +3,8 @@ its state over), the replay runs each interval with its tick's graph and carries
 audit says EQUAL — while a replay of either graph alone over the whole log differs.
 
 The replay that follows the ticks runs as a user runs it (the CLI, which finds the cluster's ZooKeeper through
-DIR/cluster.json); the audits and the single-graph replay run on the suite's Spark session (the CLI's audit is
-tested in test_audit.py; tests/sparkcli.py)."""
+DIR/cluster.json; tests/sparkcli.py); the audits and the single-graph replay run on the suite's Spark session (the
+CLI's audit is tested in test_audit.py)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_audit_after_a_redeploy_of_another_graph_is_equal(tmp_path: Path, zookee
         push_and_drain(zookeeper, cluster_name, [f"to be or not to be {i % 4}" for i in range(60)], 120 * WORDS)
         # While the cluster runs, replay finds its ZooKeeper (and so its ticks) through DIR/cluster.json.
         ticks = spark_cli.run("replay", "--input-log", str(data), "--out", str(tmp_path / "ticks"),
-                            "--master", "local[2]", "--partitions", "2")
+                              "--master", "local[2]", "--partitions", "2")
         assert ticks.returncode == 0, ticks.stderr[-3000:]
         assert "interval 2/2" in ticks.stderr
     finally:
