@@ -19,7 +19,6 @@ from flamestream.wire import flamestream_pb2 as pb
 from tests.sparkcli import SparkCli
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_topic(data_dir: Path, partition: int, payloads: list[Any], first_ts: int = 1000) -> None:
