@@ -99,6 +99,9 @@ def test_a_local_stream_that_breaks_is_reported_without_another_write() -> None:
         await stream.write(pb.ItemBatch(sender=-7))
         report = await asyncio.wait_for(broken.get(), 10)
         assert "barrier 0" in str(report) and "refused -7" in str(report)
+        # logged like any failure: with a traceback, and the receiver's own failure as its cause
+        assert report.__traceback__ is not None and "refused -7" in str(report.__cause__)
+        assert report.__cause__ is not None and report.__cause__.__traceback__ is not None
         await stream.close()
 
     asyncio.run(scenario())
@@ -127,6 +130,7 @@ def test_a_grpc_stream_that_breaks_after_its_last_write_is_reported() -> None:
             await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
             report = await asyncio.wait_for(broken.get(), 10)
             assert report.peer == address and "UNAVAILABLE: gone after one batch" in str(report)
+            assert report.__traceback__ is not None  # logged with one, like any failure
         finally:
             await channels.close()
             await server.stop(None)

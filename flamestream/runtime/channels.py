@@ -116,7 +116,7 @@ class LocalStream(Generic[_M]):
     def _ended(self, call: asyncio.Task[Any]) -> None:
         # Not closed by its writer (nor cancelled: only a writer's close or the loop's end cancels a handler).
         if call is self._call and not call.cancelled() and self._on_broken is not None:
-            self._on_broken(StreamBroken(f"stream to {self.label} broke ({_ended(call)})"))
+            self._on_broken(StreamBroken.seen(f"stream to {self.label} broke ({_ended(call)})", cause=call.exception()))
 
     async def close(self) -> None:
         """End the stream and wait (bounded) until the handler has taken everything written."""

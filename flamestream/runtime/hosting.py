@@ -51,6 +51,15 @@ class StreamBroken(Exception):
         super().__init__(message)
         self.peer = peer
 
+    @classmethod
+    def seen(cls, message: str, peer: str = "", cause: BaseException | None = None) -> StreamBroken:
+        """A break seen by a watch rather than by a write, raised here so it carries a traceback like any logged
+        failure (the point of detection, and ``cause``'s own below it: a local handler's exception)."""
+        try:
+            raise cls(message, peer) from cause
+        except cls as error:
+            return error
+
 
 PROBE_TIMEOUT = 1.0
 """Seconds ``refuses`` waits for a connection: no answer at all (a cut network) is not a refusal."""
@@ -138,7 +147,7 @@ class ClientStream(Generic[_M]):
         if call is not self._call or self._cancelled:  # closed by its writer meanwhile, or cancelled by it
             return
         assert self._on_broken is not None
-        self._on_broken(StreamBroken(f"stream to {self.label} broke ({code.name}: {details})", self.address))
+        self._on_broken(StreamBroken.seen(f"stream to {self.label} broke ({code.name}: {details})", self.address))
 
     async def close(self) -> None:
         """Half-close and wait for the receiver's reply, so it sees a clean end of the stream."""
