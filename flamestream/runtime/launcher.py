@@ -564,14 +564,23 @@ class _Launcher:
 _HEALTH_CHECK = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/Check"
 
 
-def health_status(address: str, tls_dir: str | None = None) -> str:
-    """The health status name of ``address``, or why it could not be asked (over TLS as a client with ``tls_dir``).
+def health_channel(address: str, tls_dir: str | None = None) -> grpc.Channel:
+    """A channel for health checks of ``address`` (over TLS as a client with ``tls_dir``)."""
+    if tls_dir:
+        return grpc.secure_channel(address, Credentials.load(tls_dir).channel_credentials(with_tokens=False))
+    return grpc.insecure_channel(address)
+
+
+def health_status(address: str, tls_dir: str | None = None, channel: grpc.Channel | None = None) -> str:
+    """The health status name of ``address``, or why it could not be asked; on ``channel`` if given (a caller
+    that asks again and again keeps one: a new channel is a new connection, and a TLS handshake on both ends).
 
     Called through the method path because the typing stubs of the generated
     HealthStub declare no methods.
     """
-    with (grpc.secure_channel(address, Credentials.load(tls_dir).channel_credentials(with_tokens=False))
-          if tls_dir else grpc.insecure_channel(address)) as channel:
+    with contextlib.ExitStack() as own:
+        if channel is None:
+            channel = own.enter_context(health_channel(address, tls_dir))
         check = channel.unary_unary(_HEALTH_CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
                                     response_deserializer=health_pb2.HealthCheckResponse.FromString)
         try:
