@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -134,6 +136,78 @@ def test_a_grpc_stream_that_breaks_after_its_last_write_is_reported() -> None:
         finally:
             await channels.close()
             await server.stop(None)
+
+    asyncio.run(scenario())
+
+
+class _Collecting(rpc.WorkerServicer):
+    def __init__(self) -> None:
+        self.got: list[int] = []
+
+    async def Exchange(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> pb.Empty:
+        async for batch in request_iterator:
+            self.got.append(batch.sender)
+        return pb.Empty()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_first_write_waits_for_a_peer_it_could_not_connect_to_yet() -> None:
+    """A call that could not connect was never sent, so nothing of the stream is lost: the first write waits for
+    the connection (up to ``CONNECT_WAIT``) instead of breaking the stream, which restarts the cluster.  For 0.3 s
+    the port hangs up on every connection, as a failed handshake does; then the receiver serves there."""
+    async def scenario() -> None:
+        port = _free_port()
+        receiver, server = _Collecting(), grpc.aio.server()
+        rpc.add_WorkerServicer_to_server(receiver, server)
+        broken: list[StreamBroken] = []
+        channels = Channels(LocalEndpoints(HERE), broken.append)
+        hung_up = 0
+
+        def hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal hung_up
+            hung_up += 1
+            writer.transport.abort()
+
+        rude = await asyncio.start_server(hang_up, "127.0.0.1", port)
+
+        async def serve_later() -> None:
+            await asyncio.sleep(0.3)
+            rude.close()
+            await rude.wait_closed()
+            assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+            await server.start()
+
+        later = asyncio.create_task(serve_later())
+        try:
+            await channels.write(f"127.0.0.1:{port}", EXCHANGE, pb.ItemBatch(sender=1))
+            await channels.write(f"127.0.0.1:{port}", EXCHANGE, pb.ItemBatch(sender=2))
+            assert later.done() and hung_up > 0 and not broken
+        finally:
+            await channels.close()
+            await later
+            await server.stop(None)
+        assert receiver.got == [1, 2]
+
+    asyncio.run(scenario())
+
+
+def test_a_first_write_to_a_port_nothing_listens_on_breaks_the_stream_at_once() -> None:
+    """A refused connection: the process there is gone, so the first write does not wait for it."""
+    async def scenario() -> None:
+        channels = Channels(LocalEndpoints(HERE))
+        address = f"127.0.0.1:{_free_port()}"
+        try:
+            started = time.monotonic()
+            with pytest.raises(StreamBroken, match="Connection refused") as info:
+                await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
+            assert info.value.peer == address and time.monotonic() - started < hosting.CONNECT_WAIT
+        finally:
+            await channels.close()
 
     asyncio.run(scenario())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
@@ -83,6 +84,19 @@ async def refuses(address: str) -> bool:
     return False
 
 
+CONNECT_WAIT = 2.0
+"""Seconds a stream's first write waits for a connection that could not be made (``ClientStream._first``)."""
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """Whether a call failed before it was sent, no connection to the peer having been made, while something
+    listens there.  A refused connection is left out: nothing listens, so the process there is gone, and the
+    stream breaks at once (the supervisor's probe then stops this node for the recovery)."""
+    details = exc.details() or "" if isinstance(exc, grpc.aio.AioRpcError) else ""
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE and \
+        "failed to connect to all addresses" in details and "Connection refused" not in details
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
@@ -112,27 +126,67 @@ class ClientStream(Generic[_M]):
                  on_broken: Callable[[StreamBroken], None] | None = None) -> None:
         self.label = label
         self.address = address
+        self._channel = channel
         self._open: grpc.aio.StreamUnaryMultiCallable[_M, Message] = channel.stream_unary(
             method, request_serializer=_serialize, response_deserializer=pb.Empty.FromString)
         self._call: grpc.aio.StreamUnaryCall[_M, Message] | None = None
+        self._opening = False
+        """The first write is under way: it reports a failure itself (raising), or opens the call again."""
         self._on_broken = on_broken
         self._telling: set[asyncio.Task[None]] = set()
         self._cancelled = False
         """A write was cancelled midway, which cancels the call: its writer is going away, nothing broke."""
 
     async def write(self, message: _M) -> None:
-        call = self._call
-        if call is None:
-            call = self._call = self._open()
-            if self._on_broken is not None:
-                call.add_done_callback(self._ended)
+        if self._call is None:
+            await self._first(message)
+            return
         try:
-            await call.write(message)
+            await self._call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             raise StreamBroken(f"stream to {self.label} broke ({describe(exc)})", self.address) from exc
         except asyncio.CancelledError:
             self._cancelled = True
             raise
+
+    async def _first(self, message: _M) -> None:
+        """Open the call with ``message``; if the connection could not be made, wait up to ``CONNECT_WAIT`` for
+        the channel and open it again.
+
+        Why only then: a call that failed to connect never left this process
+        (gRPC fails it while picking a connection), so nothing of the stream
+        can have been lost, unlike a stream that broke after its first write.
+        Under load a loopback TLS handshake can fail once ("Handshake write
+        failed"), and as a break it restarted the whole cluster for a
+        recovery.  A refused connection still breaks the stream at once.
+        """
+        deadline = time.monotonic() + CONNECT_WAIT
+        self._opening = True
+        try:
+            while True:
+                call = self._call = self._open()
+                if self._on_broken is not None:
+                    call.add_done_callback(self._ended)
+                try:
+                    await call.write(message)
+                    return
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                    if not _never_connected(exc) or not await self._ready_by(deadline):
+                        raise StreamBroken(f"stream to {self.label} broke ({describe(exc)})", self.address) from exc
+        except asyncio.CancelledError:
+            self._cancelled = True
+            raise
+        finally:
+            self._opening = False
+
+    async def _ready_by(self, deadline: float) -> bool:
+        """Whether the channel connects before ``deadline``."""
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self._channel.channel_ready()
+        except TimeoutError:
+            return False
+        return True
 
     def _ended(self, call: grpc.aio.StreamUnaryCall[_M, Message]) -> None:
         """The call ended: unless its writer closed it, it broke (the receiver never ends a stream by itself)."""
@@ -144,7 +198,7 @@ class ClientStream(Generic[_M]):
     async def _tell(self, call: grpc.aio.StreamUnaryCall[_M, Message]) -> None:
         # grpc.aio gives a call's status only to a coroutine; the call is over, so it answers at once.
         code, details = await call.code(), await call.details()
-        if call is not self._call or self._cancelled:  # closed by its writer meanwhile, or cancelled by it
+        if call is not self._call or self._cancelled or self._opening:  # closed, cancelled, or its writer reports
             return
         assert self._on_broken is not None
         self._on_broken(StreamBroken.seen(f"stream to {self.label} broke ({code.name}: {details})", self.address))
