@@ -17,6 +17,17 @@ from tests.sparkcli import SparkCli
 _clusters = itertools.count()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``scripts/test`` runs the suite on two workers): a test
+    module runs on one worker, so its module fixtures start once, and every test that uses Spark runs on one
+    worker, so only one worker starts the Spark JVMs of the session fixtures below."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            spark = {"spark", "spark_cli"} & set(getattr(item, "fixturenames", ()))
+            item.add_marker(pytest.mark.xdist_group("spark" if spark else item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Address (HOST:PORT) of a real ZooKeeper started for this test session."""
