@@ -92,9 +92,10 @@ def _never_connected(exc: BaseException) -> bool:
     """Whether a call failed before it was sent, no connection to the peer having been made, while something
     listens there.  A refused connection is left out: nothing listens, so the process there is gone, and the
     stream breaks at once (the supervisor's probe then stops this node for the recovery)."""
-    details = exc.details() or "" if isinstance(exc, grpc.aio.AioRpcError) else ""
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE and \
-        "failed to connect to all addresses" in details and "Connection refused" not in details
+    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = exc.details() or ""
+    return "failed to connect to all addresses" in details and "Connection refused" not in details
 
 
 def describe(exc: BaseException) -> str:
