@@ -88,11 +88,11 @@ CONNECT_WAIT = 2.0
 """Seconds a stream's first write waits for a connection that could not be made (``ClientStream._first``)."""
 
 
-def _never_connected(exc: BaseException) -> bool:
+def _never_connected(exc: grpc.aio.AioRpcError) -> bool:
     """Whether a call failed before it was sent, no connection to the peer having been made, while something
     listens there.  A refused connection is left out: nothing listens, so the process there is gone, and the
     stream breaks at once (the supervisor's probe then stops this node for the recovery)."""
-    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return False
     details = exc.details() or ""
     return "failed to connect to all addresses" in details and "Connection refused" not in details
@@ -139,11 +139,11 @@ class ClientStream(Generic[_M]):
         """A write was cancelled midway, which cancels the call: its writer is going away, nothing broke."""
 
     async def write(self, message: _M) -> None:
-        if self._call is None:
-            await self._first(message)
-            return
         try:
-            await self._call.write(message)
+            if self._call is None:
+                await self._first(message)
+            else:
+                await self._call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             raise StreamBroken(f"stream to {self.label} broke ({describe(exc)})", self.address) from exc
         except asyncio.CancelledError:
@@ -152,7 +152,7 @@ class ClientStream(Generic[_M]):
 
     async def _first(self, message: _M) -> None:
         """Open the call with ``message``; if the connection could not be made, wait up to ``CONNECT_WAIT`` for
-        the channel and open it again.
+        the channel and open it again (raising the last attempt's error if it does not connect).
 
         Why only then: a call that failed to connect never left this process
         (gRPC fails it while picking a connection), so nothing of the stream
@@ -171,12 +171,9 @@ class ClientStream(Generic[_M]):
                 try:
                     await call.write(message)
                     return
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                except grpc.aio.AioRpcError as exc:
                     if not _never_connected(exc) or not await self._ready_by(deadline):
-                        raise StreamBroken(f"stream to {self.label} broke ({describe(exc)})", self.address) from exc
-        except asyncio.CancelledError:
-            self._cancelled = True
-            raise
+                        raise
         finally:
             self._opening = False
 
