@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,13 @@ async def start_server(register: Callable[[grpc.aio.Server], None]) -> tuple[grp
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def connections_to(port: int, *, own: bool = False) -> int:

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import time
 from collections import Counter, defaultdict
@@ -28,6 +27,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.loopback import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "compose"
 UNAVAILABLE = 3
@@ -38,13 +39,6 @@ WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
          "xray", "yankee", "zulu"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first `up` builds the image (minutes on vfs)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 PROJECT = f"flamestreamtest{os.getpid()}"

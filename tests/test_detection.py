@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from flamestream.runtime.supervision import Supervisor
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
 from flamestream.wire.transport import GRPC_OPTIONS, KEEPALIVE_MS
-from tests.loopback import connections_to
+from tests.loopback import connections_to, free_port
 from tests.netns import veth_pair
 from tests.test_acker_service import REPO, ack, publish_tick, report, running, send
 from tests.test_nodes import eventually
@@ -129,10 +128,8 @@ def test_a_broken_stream_whose_role_recovers_in_time_does_not_stop_the_node() ->
 
 
 def _closed_port() -> str:
-    """A loopback address nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+    """A loopback address nothing listens on."""
+    return f"127.0.0.1:{free_port()}"
 
 
 def test_refuses_tells_a_closed_port_from_a_listening_one() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +25,7 @@ from flamestream.runtime.supervision import Supervisor
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.wire.transport import ACK, DELIVER, EXCHANGE
+from tests.loopback import free_port
 
 HERE = "127.0.0.1:7000"
 
@@ -150,18 +150,12 @@ class _Collecting(rpc.WorkerServicer):
         return pb.Empty()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_a_first_write_waits_for_a_peer_it_could_not_connect_to_yet() -> None:
     """A call that could not connect was never sent, so nothing of the stream is lost: the first write waits for
     the connection (up to ``CONNECT_WAIT``) instead of breaking the stream, which restarts the cluster.  For 0.3 s
     the port hangs up on every connection, as a failed handshake does; then the receiver serves there."""
     async def scenario() -> None:
-        port = _free_port()
+        port = free_port()
         receiver, server = _Collecting(), grpc.aio.server()
         rpc.add_WorkerServicer_to_server(receiver, server)
         broken: list[StreamBroken] = []
@@ -200,7 +194,7 @@ def test_a_first_write_to_a_port_nothing_listens_on_breaks_the_stream_at_once() 
     """A refused connection: the process there is gone, so the first write does not wait for it."""
     async def scenario() -> None:
         channels = Channels(LocalEndpoints(HERE))
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{free_port()}"
         try:
             started = time.monotonic()
             with pytest.raises(StreamBroken, match="Connection refused") as info:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -25,7 +24,7 @@ from flamestream.core.tick import Layout, Tick
 from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from tests.loopback import start_server
+from tests.loopback import free_port, start_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,9 +122,7 @@ def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: s
     in its log, with the traceback.  Which of its streams it finds broken first — the barrier's, when it delivers
     the batch, or the acker's min-time watch — is a race; so is whether the batch's call still gets its answer
     (under load the node was gone first, and the call ended UNAVAILABLE)."""
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    dead = f"127.0.0.1:{free_port()}"  # a port nobody listens on
     worker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--zookeeper", zookeeper,
                                "--cluster", cluster_name, "--worker", "0"], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
