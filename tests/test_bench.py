@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from flamestream.bench.report import plot_cdf
 from flamestream.bench.runner import head_of_line, head_of_line_figures, latency_figures, percentile
 from flamestream.bench.suite import _comparisons
 from flamestream.bench.workloads import InvertedIndex, PageProgress, Wordcount, WordcountProgress
@@ -118,6 +119,13 @@ def test_head_of_line_of_no_events_has_no_figures() -> None:
 def test_comparisons_are_peer_p50_over_ours() -> None:
     main = [{"name": "flamestream", "p50_ms": 4.0}, {"name": "spark", "p50_ms": 400.0}]
     assert _comparisons(main) == {"spark_p50_over_ours_p50": 100.0}
+
+
+def test_without_matplotlib_the_plot_is_skipped_not_a_traceback(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # None in sys.modules: the import raises ImportError
+    assert plot_cdf(tmp_path / "latency.png", "t", {"flamestream": [1.0, 2.0]}) is None
+    assert not (tmp_path / "latency.png").exists()
 
 
 def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

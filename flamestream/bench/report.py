@@ -13,9 +13,17 @@ def write_result(directory: Path, result: dict[str, Any]) -> Path:
     return path
 
 
-def plot_cdf(path: Path, title: str, latencies_ms: dict[str, list[float]]) -> Path:
-    """Latency CDF per system on a log axis (latencies span 1 ms to seconds across systems)."""
-    import matplotlib
+def plot_cdf(path: Path, title: str, latencies_ms: dict[str, list[float]]) -> Path | None:
+    """Latency CDF per system on a log axis (latencies span 1 ms to seconds across systems).
+
+    None when matplotlib is missing (it comes with the ``bench`` extra): the
+    runs' numbers are in result.json already, and a missing plot must not
+    turn minutes of measurement into a traceback.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")  # no display on servers; must precede pyplot
     import matplotlib.pyplot as plt

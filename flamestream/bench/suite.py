@@ -187,9 +187,11 @@ def run_suite(options: Options, say: Any = print) -> Path:
         }
     result["comparisons"] = _comparisons(main)
     write_result(directory, result)
-    plot_cdf(directory / "latency.png",
-             f"{options.workload} at {options.rate:g} {result['rate_unit']}, {options.workers} workers",
-             {name: pooled[(name, options.rate)].get("latencies_ms", []) for name, *_ in systems})
+    plot = plot_cdf(directory / "latency.png",
+                    f"{options.workload} at {options.rate:g} {result['rate_unit']}, {options.workers} workers",
+                    {name: pooled[(name, options.rate)].get("latencies_ms", []) for name, *_ in systems})
+    if plot is None:
+        say("bench: latency.png not drawn: matplotlib is missing (pip install 'flamestream[bench]')")
     return directory
 
 
