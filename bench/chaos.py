@@ -90,6 +90,11 @@ class Fault:
     first_record_s: float | None = None
     """Kill -> the first record consumed after the recovery tick was published (the older measure)."""
     recovery_tick: int | None = None
+    published_s: float | None = None
+    """Kill -> the recovery tick seen published (polled every 50 ms): detection, restart and election."""
+    backlog_s: float | None = None
+    """Seconds of input between the recovery tick's start (its snapshot boundary) and the kill: what the fronts
+    re-send before anything stamped after the kill can be released."""
 
 
 @dataclass
@@ -232,14 +237,16 @@ def inflict(data: Path, store: ClusterStore, stream: Stream, fault: Fault, pause
         if _wait(lambda: _process(data, fault.what)["restarts"] > restarts, RECOVERY_TIMEOUT) is None:
             return
 
-        def recovery_tick() -> int | None:
-            return next((n for n, tick in store.ticks()[ticks:] if tick.get("recovery")), None)
+        def recovery_tick() -> tuple[int, dict[str, Any]] | None:
+            return next(((n, tick) for n, tick in store.ticks()[ticks:] if tick.get("recovery")), None)
 
-        tick = _wait(recovery_tick, RECOVERY_TIMEOUT)
-        if tick is None:
+        found = _wait(recovery_tick, RECOVERY_TIMEOUT)
+        if found is None:
             return
-        fault.recovery_tick = tick
+        fault.recovery_tick, tick = found
         published = stream.now()
+        fault.published_s = round(published - fault.at, 3)
+        fault.backlog_s = round(fault.at - (tick["start"][0] / 1000 - stream.start), 3)
         first = _wait(lambda: stream.first_arrival_after(published), RECOVERY_TIMEOUT)
         fault.first_record_s = None if first is None else round(first - fault.at, 3)
         resumed = fault.at

@@ -48,7 +48,7 @@ def write_log(directory: Path, size: int, pages: int | None = None) -> int:
     One front, like the earlier benchmark: the local runtime's best case (no race between fronts, so its
     groupings never replay), which isolates the cost of each engine.  Returns the number of events."""
     corpus = list(inverted_index.read_input(str(PAGES)))[:pages]
-    events = [dict(page, id=f"{page['id']}-{r}") for r in range(size) for page in corpus]
+    events: list[object] = [dict(page, id=f"{page['id']}-{r}") for r in range(size) for page in corpus]
     logs: dict[int, SegmentedLog] = {}
     try:
         for front, gt, trace, payload in stamp_inputs(events, fronts=1, per_ms=1):

@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # examples/ is part of the source tree, not of the installed package
@@ -115,7 +116,7 @@ def main() -> None:
         threads = [threading.Thread(target=run.push), threading.Thread(target=run.consume)]
         for thread in threads:
             thread.start()
-        steps = []
+        steps: list[dict[str, Any]] = []
         for workers, wait in ((3, args.before), (2, args.between)):
             time.sleep(wait)
             began = time.time()
