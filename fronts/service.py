@@ -98,6 +98,8 @@ class _Route:
         """(last global time, bytes) of each send the min time has not passed yet: the window
         (``SEND_WINDOW_BYTES``)."""
         self.sent_bytes = 0
+        self.reported = -1
+        """The highest timestamp reported on this route's acker stream (-1: none yet)."""
 
     def watch_min_time(self) -> Any:
         """The acker's min-time stream (an async iterator of ``pb.GlobalTime``)."""
@@ -923,7 +925,11 @@ class FrontService(rpc.FrontServicer):
         millisecond later (a report in the stamp's own millisecond would
         not pass it), then every ``interval`` while stamps keep coming.  A
         hand-over tick announced keeps it on the interval, which is what
-        switches to the tick at its start.
+        switches to the tick at its start; and a tick's route reports at
+        least once past the tick's start, covered or not: the old tick's
+        hand-over completes only when the min time passes that start, and
+        on an idle cluster nothing else takes it there (``deploy`` and
+        ``scale`` waited for the next push, and timed out without one).
         """
         idle = True  # until the first tick: nothing to report on
         while True:
@@ -939,6 +945,8 @@ class FrontService(rpc.FrontServicer):
                 if route is None or route.broken is not None:
                     continue
                 if len(route.tick.fronts) == 1 and self._clock.covered() and not self._report_owed:
+                    if route.reported < route.tick.start.ts and route.floor is None:  # (a pacer reports itself)
+                        await self._report_or_break(route)
                     idle = self._next is None
                     continue
                 await self._report_or_break(route)
@@ -977,6 +985,7 @@ class FrontService(rpc.FrontServicer):
             # stream, a promise past it could overtake the acks the current tick sends on another.
             ts = min(ts, self._route.tick.start.ts)
         await route.acker.write(pb.AckBatch(report=pb.Report(front=self.front_id, ts=ts), tick=route.tick.number))
+        route.reported = max(route.reported, ts)
 
     # -- input-log retention -----------------------------------------------------
 

@@ -604,6 +604,31 @@ def test_up_deploy_push_consume_down(tmp_path: Path) -> None:
     assert_nothing_left(data)
 
 
+@pytest.mark.slow
+def test_on_an_idle_cluster_a_redeploy_and_a_rescale_return_and_keep_the_counts(tmp_path: Path) -> None:
+    """With one front and nothing pushed, only the front's report takes the min time past a hand-over's start;
+    without it ``deploy`` and ``scale`` waited for the next push and timed out (found by a new user)."""
+    data = tmp_path / "cluster"
+    where = ("--data-dir", str(data))
+    up = flamestream("up", "--nodes", "2", *where)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        assert flamestream("deploy", "examples/wordcount.py", *where).returncode == 0
+        assert flamestream("push", *where, stdin="a dog\n").returncode == 0
+        first = flamestream("consume", "--limit", "2", "--timeout", "60", *where)
+        assert sorted(first.stdout.splitlines()) == ['{"word": "a", "count": 1}', '{"word": "dog", "count": 1}']
+        for step in (("deploy", "examples/wordcount.py"), ("scale", "--workers", "3"), ("scale", "--workers", "2")):
+            began = time.monotonic()
+            done = flamestream(*step, *where)
+            assert done.returncode == 0, (step, done.stderr)
+            assert time.monotonic() - began < 30, (step, "a hand-over waits for no push (the timeout is 60 s)")
+        assert flamestream("push", *where, stdin="dog\n").returncode == 0
+        after = flamestream("consume", "--limit", "1", "--timeout", "60", *where)
+        assert after.stdout.splitlines() == ['{"word": "dog", "count": 2}'], "the count went on across the ticks"
+    finally:
+        assert flamestream("down", *where).returncode == 0
+
+
 def test_a_producer_waits_for_its_own_front_and_never_switches(
         servers: AioServers, store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
     """Deduplication lives in the producer's front; a retry sent to another front would be admitted twice."""

@@ -493,6 +493,26 @@ def test_an_idle_lone_front_reports_its_next_push_at_once_not_an_interval_later(
     asyncio.run(scenario())
 
 
+def test_an_idle_lone_front_reports_past_a_hand_over_start_without_a_push(
+        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    """A hand-over completes when the min time passes its start, and with no push in flight only the front's report
+    can take it there.  An idle lone front sends no reports (its promise covers everything it stamped), but a tick
+    it switched to starts above that promise: it reports past the start once, or ``deploy`` and ``scale`` on an
+    idle cluster wait for the next push (they timed out after 60 s)."""
+    async def scenario() -> None:
+        async with logged_front(zookeeper, cluster_name, tmp_path) as (cluster, stub, log, tick):
+            (pushed,) = times(await push_once_deployed(stub, [event("a")]))
+            await eventually(lambda: any(ts > pushed.ts for ts in cluster.acker.reports()), "a report past the push")
+            await asyncio.sleep(0.1)  # idle: covered, so no more reports
+            handover = dataclasses.replace(tick, number=1, previous=0, start=GlobalTime(now_ms() + 300, 0))
+            await publish(zookeeper, cluster_name, handover.to_dict())
+            await eventually(lambda: any(ts >= handover.start.ts for ts in cluster.acker.reports()),
+                             "a report at or past the hand-over's start")
+            assert "switched to tick 1" in log.read_text()
+
+    asyncio.run(scenario())
+
+
 def test_a_restarted_front_keeps_the_promises_it_reported(
         zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     """Reports are persisted ahead of being sent, so a restart (even with the clock stepped back) never stamps
