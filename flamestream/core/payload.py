@@ -108,16 +108,23 @@ def _str_fault(text: str) -> str | None:
 
 
 def encode_event(payload: Any) -> bytes:
-    """An event's JSON for a push; ``PayloadError`` if the front would refuse it (``check_payload``) or it
-    cannot be written at all (e.g. a ``repr`` that raises).  Nothing is turned into a dead letter here: the
-    client is still there to be told."""
+    """An event's JSON for a push; ``PayloadError`` if the front would refuse it (``check_payload``) or it is
+    not a JSON value: a set, bytes, a date, a dict with keys JSON cannot have, any other object.  Those are
+    refused rather than written as their ``repr`` (as a record is): an event that arrives as the string
+    ``"{1, 2}"`` instead of the set the client pushed is silently wrong data, and ``object()``'s repr is not
+    even the same twice.  Nothing is turned into a dead letter here: the client is still there to be told.
+    Tuples are arrays, and int, float, bool and None keys strings, as ``json`` writes them."""
     fault = check_payload(payload)
     if fault is not None:
         raise PayloadError(fault)
     try:
         return orjson.dumps(payload, option=_NATIVE_ONLY)
     except orjson.JSONEncodeError:
-        return _encode_fallback(payload)
+        pass  # integers beyond 64 bits, non-string keys, str/int subclasses: json's rules below
+    try:
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:  # a type JSON does not have; a 5000-digit int
+        raise PayloadError(f"payload is not a JSON value: {exc}") from None
 
 
 def encode_payload(payload: Any) -> bytes:
