@@ -36,7 +36,7 @@ from typing import Any
 
 from flamestream import roles
 from flamestream.acker.service import STALL_TIMEOUT
-from flamestream.client import Client, ClientError, PushResult, Record
+from flamestream.client import Client, ClientError, InvalidName, PushResult, Record
 from flamestream.cluster import ClusterStore
 from flamestream.core.front import Stamped, stamp_inputs
 from flamestream.core.functions import Allowed, FunctionRefError
@@ -49,7 +49,7 @@ from flamestream.runtime import launcher, spares, tls
 from flamestream.runtime.heap import tune_gc
 from flamestream.runtime.node import add_allow_module_argument, timeout_seconds
 from flamestream.runtime.restarts import HANG_TIMEOUT
-from flamestream.wire.security import ENV, find_credentials
+from flamestream.wire.security import ENV, CredentialsError, find_credentials
 
 
 def to_json(payload: Any) -> str:
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
-    except (UsageError, GraphError, FunctionRefError, OSError) as exc:
+    except (UsageError, GraphError, FunctionRefError, OSError, InvalidName, CredentialsError) as exc:
         print(f"flamestream: error: {exc}", file=sys.stderr)
         return 2
     except (NotRunning, ClientError) as exc:

@@ -82,11 +82,15 @@ def _chunks(encoded: list[bytes]) -> Iterable[tuple[int, list[bytes]]]:
         start = end
 
 
+class InvalidName(ValueError):
+    """A consumer group or producer id the cluster would refuse, refused before any request."""
+
+
 def _check_group(group: str) -> None:
     """Refuse a consumer-group name the barriers refuse (``limits.group_fault``) before any request."""
     fault = group_fault(group)
     if fault is not None:
-        raise ValueError(fault)
+        raise InvalidName(fault)
 
 
 def _method(service: str, method: str) -> str:
@@ -552,7 +556,7 @@ class AsyncClient:
         if producer is None:
             return await self._push_batches(encoded, None)
         if not producer or producer.startswith("~") or len(producer.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-            raise ValueError(f"producer id must be a non-empty string of at most {MAX_NAME_BYTES} bytes not starting "
+            raise InvalidName(f"producer id must be a non-empty string of at most {MAX_NAME_BYTES} bytes not starting "
                              "with '~' (reserved for anonymous pushes; or None for anonymous pushes)")
         # One push at a time per producer keeps its sequence numbers contiguous
         # and in order on the front.

@@ -188,9 +188,12 @@ def test_usage_errors_exit_2_with_a_message(tmp_path: Path) -> None:
         ("consume", "--timeout", "soon"): "not a number of seconds",
         ("deploy",): "the following arguments are required: graph",
         ("push", str(tmp_path / "missing.txt"), "--zookeeper", "127.0.0.1:1"): "No such file",
+        ("consume", "--group", "bad/name", "--zookeeper", "127.0.0.1:1"): "consumer group 'bad/name' may only hold",
+        ("push", "--producer", "~me", "--zookeeper", "127.0.0.1:1"): "producer id must be a non-empty string",
+        ("push", "--credentials", str(tmp_path), "--zookeeper", "127.0.0.1:1"): "cannot read credentials in",
     }
     for args, message in cases.items():
-        done = flamestream(*args)
+        done = flamestream(*args, stdin="x\n")
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr, (args, done.stderr)
 

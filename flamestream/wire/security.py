@@ -91,6 +91,10 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+class CredentialsError(ValueError):
+    """A credentials directory that cannot be read: most often a wrong path, which the CLI says in one line."""
+
+
 @dataclass(frozen=True)
 class Credentials:
     """One process's view of a credentials directory: its own certificate, the CA, the tokens it holds.
@@ -119,7 +123,7 @@ class Credentials:
                        {str(k): str(v) for k, v in tokens.items() if k in ROLES},
                        {str(k): str(v) for k, v in zookeeper.items()})
         except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read credentials in {directory}: {exc}") from None
+            raise CredentialsError(f"cannot read credentials in {directory}: {exc}") from None
 
     def zookeeper_auth(self, identity: str) -> str | None:
         """The ``user:password`` digest of ``identity`` (``service`` or ``admin``), if this directory has it."""
