@@ -38,7 +38,7 @@ from kazoo.exceptions import KazooException, NoAuthError  # type: ignore[import-
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, WORKER, ClusterStore, LeaseMoved
 from flamestream.core.functions import Allowed
-from flamestream.core.graph import Graph, grouping_names
+from flamestream.core.graph import Graph, dropped_groupings, misread_groupings
 from flamestream.core.hashing import stable_hash
 from flamestream.core.limits import MAX_NAME_BYTES, RETRY_HINT, group_fault
 from flamestream.core.meta import GlobalTime, boundary_name
@@ -522,10 +522,15 @@ class AsyncClient:
         if latest is None or fresh:
             return await self._in_zookeeper("publishing the tick", lambda store: store.publish_tick(tick.to_dict()))
         current = Tick.from_dict({**latest[1], "number": latest[0]})
-        dropped = grouping_names(current.graph) - grouping_names(graph)
+        misread = misread_groupings(current.graph, graph)
+        if misread:
+            raise ClientError(f"the new graph's grouping(s) {', '.join(misread)} would take over state made with "
+                              "other keys: rename them (their state then starts empty) or deploy with fresh=True "
+                              "(--fresh) to start all state empty")
+        dropped = dropped_groupings(current.graph, graph)
         if dropped and not drop_state:
-            raise ClientError(f"the new graph has no grouping named {', '.join(sorted(dropped))}: deploying it "
-                              "would drop their state; pass drop_state (--drop-state) to do so")
+            raise ClientError(f"the new graph has no grouping named {', '.join(dropped)}: deploying it "
+                              "would drop their state; pass drop_state=True (--drop-state) to do so")
         if current.fronts != tick.fronts or current.acker != tick.acker:
             raise ClientError(f"tick {current.number} runs fronts {list(current.fronts)} and acker {current.acker}, "
                               f"the cluster now has fronts {list(tick.fronts)} and acker {tick.acker}: a hand-over "

@@ -444,6 +444,29 @@ def test_deploy_publishes_a_tick_of_the_registered_members(
     assert tick.graph["name"] == "wordcount" and tick.start.front == 0 and tick.start.ts >= before
 
 
+def test_deploy_refuses_a_graph_whose_same_named_grouping_keys_its_state_otherwise(
+        store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
+    """Both examples name a grouping ``by_word``; the index's, handed word count's counts, failed on every word seen
+    before.  Refused, even with --drop-state (which allows only dropping a grouping the new graph lacks); --fresh
+    starts empty."""
+    store.register("acker", "acker", {"address": "10.0.0.1:1"})
+    store.register("worker", "worker0", {"address": "10.0.1.0:1", "index": 0})
+    store.register("front", "front0", {"address": "10.0.2.0:1", "id": 0})
+    store.register("barrier", "barrier0", {"address": "10.0.3.0:1", "partitions": [0]})
+    where = ("--zookeeper", zookeeper, "--cluster", cluster_name)
+    assert flamestream("deploy", "examples/wordcount.py", *where).returncode == 0
+    for extra in ((), ("--drop-state",)):
+        done = flamestream("deploy", "examples/inverted_index.py", *extra, *where)
+        assert done.returncode == 1, done.stderr
+        assert "'by_word' (balance 'examples.wordcount:word_hash' -> 'examples.inverted_index:word_hash'" in \
+            done.stderr and "would take over state made with other keys" in done.stderr
+        assert (store.latest_tick() or (None,))[0] == 0, "nothing published"
+    fresh = flamestream("deploy", "examples/inverted_index.py", "--fresh", *where)
+    assert fresh.returncode == 0, fresh.stderr
+    number, data = store.latest_tick() or (None, {})
+    assert number == 1 and data["graph"]["name"] == "inverted_index" and data["previous"] is None
+
+
 def test_deploy_refuses_an_incomplete_cluster(store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
     store.register("acker", "acker", {"address": "10.0.0.1:1"})
     store.register("worker", "worker1", {"address": "10.0.1.1:1", "index": 1})

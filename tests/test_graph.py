@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flamestream.core.graph import Edge, Graph, GraphError, Operation
+from flamestream.core.graph import Edge, Graph, GraphError, Operation, dropped_groupings, misread_groupings
 from tests import graphfns as fns
 
 
@@ -395,3 +395,22 @@ def test_from_json_rejects_grouping_without_hash() -> None:
     data = grouping_dict(window=2)
     with pytest.raises(GraphError, match="missing hash"):
         Graph.from_json(json.dumps(data))
+
+
+def test_state_is_matched_by_grouping_name_and_refused_where_its_keys_change() -> None:
+    from examples import inverted_index, wordcount
+
+    count, index = wordcount.graph().to_dict(), inverted_index.graph().to_dict()
+    assert dropped_groupings(index, count) == ["revisions"] and dropped_groupings(count, index) == []
+    assert misread_groupings(count, count) == []
+    (by_word,) = misread_groupings(count, index)
+    assert by_word.startswith("'by_word' (balance 'examples.wordcount:word_hash' -> "
+                              "'examples.inverted_index:word_hash'")
+    assert "equivalence 'examples.wordcount:word_of' -> 'examples.inverted_index:word_of'" in by_word
+    wider = json.loads(json.dumps(count))
+    next(op for op in wider["operations"] if op["name"] == "by_word")["window"] = 3
+    assert misread_groupings(count, wider) == ["'by_word' (window 2 -> 3)"]
+    renamed_map = json.loads(json.dumps(count))  # a function downstream of the grouping may change freely
+    next(op for op in renamed_map["operations"] if op["name"] == "combine")["fn"] = "examples.wordcount:other"
+    assert renamed_map != count
+    assert misread_groupings(count, renamed_map) == [] and dropped_groupings(count, renamed_map) == []

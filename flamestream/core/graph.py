@@ -359,10 +359,37 @@ def _operation_faults(op: Operation) -> list[str]:
     return faults
 
 
-def grouping_names(data: dict[str, Any]) -> set[str]:
-    """The grouping names of a graph shipped as plain data (``Graph.to_dict``), without resolving (importing) its
-    functions: what state is matched by from one tick to the next."""
-    return {str(op["name"]) for op in data.get("operations", []) if op.get("kind") == "grouping"}
+_STATE_KEYS = ("balance", "equivalence", "window")
+"""What a grouping's state means: its buckets are keyed by the balancing function's hash and the equivalence
+function's value, and hold ``window - 1`` items each."""
+
+
+def _groupings(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {str(op["name"]): op for op in data.get("operations", []) if op.get("kind") == "grouping"}
+
+
+def dropped_groupings(current: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The groupings of graph ``current`` that graph ``new`` lacks (both shipped as plain data,
+    ``Graph.to_dict``; nothing is imported): a hand-over would drop their state."""
+    return sorted(_groupings(current).keys() - _groupings(new).keys())
+
+
+def misread_groupings(current: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The groupings both graphs name whose balancing function, equivalence function or window differ, each
+    with what changed: handed over, their buckets would be read under keys they were not made with.  State is
+    matched by grouping name from one tick to the next; the functions downstream of a grouping may change freely.
+
+    Why: the shipped examples both named a grouping ``by_word``, and deploying the inverted index over word
+    count handed word count's counts to the index's grouping, whose ``combine`` then failed on every word seen
+    before (a dead letter each, and no warning at the deploy)."""
+    before, after = _groupings(current), _groupings(new)
+    misread = []
+    for name in sorted(before.keys() & after.keys()):
+        changed = [f"{key} {before[name].get(key)!r} -> {after[name].get(key)!r}" for key in _STATE_KEYS
+                   if before[name].get(key) != after[name].get(key)]
+        if changed:
+            misread.append(f"{name!r} ({', '.join(changed)})")
+    return misread
 
 
 def _defining_module() -> str | None:
