@@ -832,8 +832,9 @@ def read_lines(path: str) -> Iterator[list[str]]:
         yield lines
 
 
-def read_events(path: str, as_json: bool) -> Iterator[tuple[int, list[Any]]]:
-    """(number of its last line, events) of each batch of ``read_lines``, checked whole before it is yielded.
+def read_events(path: str, as_json: bool) -> Iterator[tuple[int, list[Any], list[int]]]:
+    """(number of its last line, events, the line of each event) of each batch of ``read_lines``, checked whole
+    before it is yielded.
 
     So a bad line stops the push with nothing of its batch pushed, only the
     batches before it (none, when the input was written at once).  Checked as
@@ -845,9 +846,9 @@ def read_events(path: str, as_json: bool) -> Iterator[tuple[int, list[Any]]]:
     number = 0
     try:
         for lines in read_lines(path):
-            events = json_events(lines, number + 1, where) if as_json else plain_events(lines, number + 1, where)
+            numbered = json_events(lines, number + 1, where) if as_json else plain_events(lines, number + 1, where)
             number += len(lines)
-            yield number, events
+            yield number, [event for _, event in numbered], [line for line, _ in numbered]
     except UnicodeDecodeError as exc:
         # The batch that failed to decode starts after line ``number``; its newlines before the bad byte
         # say which line holds it.
@@ -856,18 +857,18 @@ def read_events(path: str, as_json: bool) -> Iterator[tuple[int, list[Any]]]:
                          f"byte {bytes(exc.object[exc.start:exc.start + 1]).hex()})") from None
 
 
-def plain_events(lines: list[str], first: int, where: str) -> list[str]:
-    """The lines themselves, each an event; a line the front would refuse (a lone surrogate: undecodable bytes
-    read with ``surrogateescape``) is a usage error naming it."""
+def plain_events(lines: list[str], first: int, where: str) -> list[tuple[int, str]]:
+    """(number, line) of each line, each line an event; a line the front would refuse (a lone surrogate:
+    undecodable bytes read with ``surrogateescape``) is a usage error naming it."""
     for number, line in enumerate(lines, first):
         fault = check_payload(line)
         if fault is not None:
             raise UsageError(f"{where} line {number}: {fault} (undecodable bytes in the input?)")
-    return lines
+    return list(enumerate(lines, first))
 
 
-def json_events(lines: list[str], first: int, where: str) -> list[Any]:
-    """The JSON value of each line but the blank ones; ``first`` is the number of the first line."""
+def json_events(lines: list[str], first: int, where: str) -> list[tuple[int, Any]]:
+    """(number, JSON value) of each line but the blank ones; ``first`` is the number of the first line."""
     events = []
     for number, line in enumerate(lines, first):
         if not line.strip():
@@ -881,7 +882,7 @@ def json_events(lines: list[str], first: int, where: str) -> list[Any]:
         fault = check_payload(event)
         if fault is not None:
             raise UsageError(f"{where} line {number}: {fault}")
-        events.append(event)
+        events.append((number, event))
     return events
 
 
@@ -907,18 +908,21 @@ def cmd_push(args: argparse.Namespace) -> int:
     """
     batches = read_events(args.file, args.json)
     pushed = Pushed()
+    pushing: list[int] = []  # the input line of each event of the push under way
     pacer = None if args.rate is None else Pacer(args.rate)
     try:
         # The first batch is read before the cluster is looked up: bad input is reported as such, cluster or not.
         first = next(batches, None)
         zookeeper, cluster = cluster_address(args)
         with Client(zookeeper, cluster, credentials=credentials_of(args)) as client:
-            for lines, events in batches if first is None else itertools.chain([first], batches):
+            for lines, events, numbers in batches if first is None else itertools.chain([first], batches):
                 if pacer is None:
+                    pushing = numbers
                     pushed.add(client.push(events, producer=args.producer))
                 else:
                     arrived = time.monotonic()
-                    for event in events:
+                    for event, number in zip(events, numbers, strict=True):
+                        pushing = [number]
                         pacer.wait(arrived)
                         pushed.add(client.push([event], producer=args.producer))
                 pushed.lines = lines
@@ -927,6 +931,9 @@ def cmd_push(args: argparse.Namespace) -> int:
         exc.args = (f"{exc}; nothing{after} was pushed",)
         raise
     except ClientError as exc:
+        if exc.event is not None and exc.code is not None:  # a front refused one event: name its input line
+            where = "stdin" if args.file == "-" else args.file
+            exc.args = (f"{where} line {pushing[exc.event]} was refused ({exc.code.name}): {exc.reason}",)
         done = pushed.events + exc.pushed
         if done:
             hint = " (push the same input with the same --producer to add the rest exactly once)"

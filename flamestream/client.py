@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import re
 import threading
 import time
 import uuid
@@ -115,6 +116,24 @@ class ClientError(Exception):
         self.code = code
         self.details = details
         self.pushed = 0
+        self.event: int | None = None
+        """The index in the failed ``push`` of the event a front refused, when one event was the reason."""
+        self.reason = details
+        """Why, without the event's index (``details`` with it)."""
+
+
+_REFUSED_EVENT = re.compile(r"event (\d+): ")
+"""How a front names the event it refused: by its index in the request, which the client alone can turn into
+its index in the push (a push goes in several requests)."""
+
+
+def _name_refused_event(exc: ClientError, start: int) -> None:
+    """Name the event a front refused by its index in the push, not in the request that began at ``start``."""
+    match = _REFUSED_EVENT.match(exc.details)
+    if match is None or exc.code not in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        return
+    exc.event, exc.reason = start + int(match[1]), exc.details[match.end():]
+    exc.args = (str(exc).replace(exc.details, f"event {exc.event}: {exc.reason}", 1),)
 
 
 @dataclass(frozen=True)
@@ -590,6 +609,7 @@ class AsyncClient:
                                       f"{len(response.admitted)} admissions and {len(response.times)} times")
             except ClientError as exc:
                 exc.pushed = start
+                _name_refused_event(exc, start)
                 raise
             self._sequences[sender] = first + len(chunk)
             duplicates += sum(1 for admitted in response.admitted if not admitted)

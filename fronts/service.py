@@ -580,11 +580,17 @@ class FrontService(rpc.FrontServicer):
         and amplify downstream.  Permanent: split the request instead.
         """
         size = request.ByteSize()
+        if size > self.max_push_bytes and len(request.events) == 1:  # one event: its own limit is what it broke
+            return self._too_large(0, request.events[0].ByteSize())
         if size > self.max_push_bytes:
             return _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"push of {size} bytes exceeds the limit of {self.max_push_bytes} (--max-push-bytes); "
                              "send fewer events per request")
         return None
+
+    def _too_large(self, i: int, size: int) -> _Rejected:
+        return _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"event {i}: {size} bytes exceeds the limit of {self.max_event_bytes} (--max-event-bytes)")
 
     def _has_credit(self, events: int) -> bool:
         """Whether ``events`` more may be admitted: no worker is over its memory budget, and the in-flight count
@@ -692,9 +698,7 @@ class FrontService(rpc.FrontServicer):
         for i, event in enumerate(events):
             size = event.ByteSize()
             if size > self.max_event_bytes:
-                raise _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"event {i}: {size} bytes exceeds the limit of {self.max_event_bytes} "
-                                "(--max-event-bytes)")
+                raise self._too_large(i, size)
             try:
                 payload = payloads.decode_payload(event.payload)
             except payloads.PayloadError as exc:

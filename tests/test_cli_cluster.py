@@ -102,7 +102,8 @@ class FakeFront(rpc.FrontServicer):
 
     ``faults`` are injected into the first calls, in order: ``"down"`` fails
     before admitting anything, ``"lost"`` admits the batch and then fails, as
-    if the reply had been lost; any other entry is a status code to abort with.
+    if the reply had been lost, ``"ok"`` serves the call; any other entry is a
+    status code to abort with, or a (code, details) pair.
     """
 
     def __init__(self, front_id: int, faults: list[Any] | None = None) -> None:
@@ -120,6 +121,8 @@ class FakeFront(rpc.FrontServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "front restarting")
         if isinstance(fault, grpc.StatusCode):
             await context.abort(fault, f"injected {fault.name}")
+        if isinstance(fault, tuple):  # (code, details): a refusal in the front's own words
+            await context.abort(*fault)
         response = pb.PushResponse()
         for event in request.events:
             key = (event.producer, event.sequence)
@@ -346,6 +349,24 @@ def test_failed_precondition_is_retried_other_errors_raise_with_status_and_progr
     assert resumed.duplicates == 0
     assert [call[0][1] for call in front.calls] == [0, 0, PUSH_BATCH, PUSH_BATCH]  # the failed batch's numbers again
     assert [payload for _, _, payload in front.log] == payloads
+
+
+def test_a_refused_event_is_named_by_its_index_in_the_push_and_its_input_line(
+        servers: AioServers, store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
+    """A front names the event it refuses by its index in the request; a push goes in requests of ``PUSH_BATCH``,
+    and the CLI's reads in batches of lines, so both say which event of theirs it was."""
+    front = FakeFront(0, ["ok", (grpc.StatusCode.INVALID_ARGUMENT, "event 3: payload is not valid JSON")])
+    add_front(servers, store, front)
+    with Client(zookeeper, cluster_name, retries=0) as client, pytest.raises(ClientError) as refused:
+        client.push([f"e{i}" for i in range(PUSH_BATCH + 10)])
+    assert refused.value.event == PUSH_BATCH + 3 and refused.value.pushed == PUSH_BATCH
+    assert f"event {PUSH_BATCH + 3}: payload is not valid JSON" in str(refused.value)
+
+    front.faults = [(grpc.StatusCode.RESOURCE_EXHAUSTED, "event 1: 1200 bytes exceeds the limit of 1000")]
+    done = flamestream("push", "--json", "--zookeeper", zookeeper, "--cluster", cluster_name,
+                       stdin='{"a": 1}\n\n"two"\n3\n')
+    assert done.returncode == 1
+    assert "stdin line 3 was refused (RESOURCE_EXHAUSTED): 1200 bytes exceeds the limit of 1000" in done.stderr
 
 
 def test_unavailable_retries_run_out(servers: AioServers, store: ClusterStore, zookeeper: str,

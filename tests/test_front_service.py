@@ -388,7 +388,8 @@ def test_rejected_requests_admit_nothing_and_the_front_keeps_serving(
 
     async def scenario() -> None:
         async with stand_ins() as cluster, \
-                front(zookeeper, cluster_name, tmp_path, "--max-event-bytes", "200") as (_, stub):
+                front(zookeeper, cluster_name, tmp_path, "--max-event-bytes", "200", "--max-push-bytes", "1000") \
+                as (_, stub):
             await publish(zookeeper, cluster_name, cluster.tick(graph, 0))
             await push_once_deployed(stub, [event("warm up")])
 
@@ -400,6 +401,10 @@ def test_rejected_requests_admit_nothing_and_the_front_keeps_serving(
             error = await rejected(push(stub, [event("fine"), event("fine too"), event("x" * 300)]))
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert (error.details() or "").startswith("event 2: ")
+
+            error = await rejected(push(stub, [event("x" * 2000)]))  # over both limits: named by its own
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (error.details() or "").startswith("event 0: 2") and "(--max-event-bytes)" in (error.details() or "")
 
             error = await rejected(push(stub, [event(42), event("fine")]))
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -79,7 +79,7 @@ def test_json_batches_are_numbered_across_reads_and_checked_before_they_are_yiel
         stdin: IO[bytes], pool: ThreadPoolExecutor) -> None:
     batches = read_events("-", as_json=True)
     stdin.write(b'{"a": 1}\n\n')
-    assert pool.submit(next, batches).result(WAIT) == (2, [{"a": 1}])  # the blank line is counted, not pushed
+    assert pool.submit(next, batches).result(WAIT) == (2, [{"a": 1}], [1])  # the blank line is counted, not pushed
     stdin.write(b'[2]\n{oops}\n"three"\n')
     with pytest.raises(UsageError, match=r"^stdin line 4 is not valid JSON \(Expecting property name"):
         pool.submit(next, batches).result(WAIT)
