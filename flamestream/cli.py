@@ -266,8 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     supervise.add_argument("--no-spares", dest="spares", action="store_false",
                            help="keep no warm spare process per node (a restart then starts a new interpreter)")
 
-    spare = sub.add_parser("spare", help=argparse.SUPPRESS)  # the supervisor's warm spares (runtime/spares.py)
+    spare = sub.add_parser("spare")  # the supervisor's warm spares (runtime/spares.py); listed by no help
     spare.set_defaults(handler=cmd_spare)
+    spare.add_argument("--data-dir", help="the cluster's directory: only names the process")
 
     tls_init = sub.add_parser("tls-init", help="create a secured cluster's credentials for nodes started by hand "
                                                "(what `up` does in DIR/tls; docker-compose's tls-init service)")

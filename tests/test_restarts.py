@@ -149,7 +149,7 @@ def _spares(supervisor: int) -> dict[int, str]:
     spares = {}
     for child in psutil.Process(supervisor).children():
         with contextlib.suppress(psutil.Error):
-            if child.cmdline()[1:] == SPARE:
+            if child.cmdline()[1:4] == SPARE:
                 spares[child.pid] = " ".join(child.cmdline())
     return spares
 
@@ -169,7 +169,9 @@ def test_a_restart_is_a_warm_spare_that_becomes_the_node(cluster_dir: Path, zook
                "node1's restart")
     node1 = _node(json.loads((cluster_dir / "cluster.json").read_text()), "node1")
     assert node1["pid"] in spares
-    assert psutil.Process(node1["pid"]).cmdline()[1:] == SPARE  # what it was started as
+    # What it was started as, naming its cluster; its process name says which node it became.
+    assert psutil.Process(node1["pid"]).cmdline()[1:] == [*SPARE, "--data-dir", str(cluster_dir.resolve())]
+    eventually(lambda: psutil.Process(node1["pid"]).name() == "fs node1", "the spare named as the node it became")
     assert "a warm spare" in (cluster_dir / "logs" / "supervisor.out").read_text()
     assert _counts(zookeeper, cluster_name, ["a"], "g", 2) == [("a", 1), ("a", 2)]  # recovered, exactly
     assert health(node1["address"], "worker1", state["tls_dir"]) == "SERVING"

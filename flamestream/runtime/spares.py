@@ -46,7 +46,10 @@ class Spare:
     @classmethod
     def start(cls, cwd: Path) -> Spare:
         """A new spare in ``cwd``, with the environment every node gets (``launcher.child_env``)."""
-        process = subprocess.Popen([sys.executable, "-m", "flamestream", "spare"], stdin=subprocess.PIPE,
+        # ``--data-dir`` only names the cluster on the command line, for ``ps`` and ``pgrep -f DIR``: a spare
+        # that became a node keeps the command line it was started with.
+        process = subprocess.Popen([sys.executable, "-m", "flamestream", "spare", "--data-dir", str(cwd)],
+                                   stdin=subprocess.PIPE,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=child_env(),
                                    start_new_session=True)
         own = os.getpriority(os.PRIO_PROCESS, 0)
@@ -111,4 +114,13 @@ def receive() -> list[str] | None:
     os.close(null)
     os.chdir(command["cwd"])
     sys.argv = [sys.executable, *args]
+    if "--name" in args[:-1]:
+        _name_process(f"fs {args[args.index('--name') + 1]}")
     return args[2:]
+
+
+def _name_process(name: str) -> None:
+    """Show ``name`` as the process's name (``ps``, ``top``, ``pgrep NAME``; the kernel keeps 15 bytes): its
+    command line still says ``spare``."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write(name[:15])
