@@ -33,10 +33,16 @@ def import_graph_module(path: str) -> tuple[ModuleType, str]:
         root = root.parent
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    name = ".".join(parts)
     try:
-        module = importlib.import_module(".".join(parts))
+        module = importlib.import_module(name)
     except Exception as exc:
         raise GraphError(f"cannot import graph file {path!r}: {type(exc).__name__}: {exc}") from exc
+    found = getattr(module, "__file__", None)
+    if found is None or Path(found).resolve() != file:
+        # The nodes import the graph by its module name too, so they would get the other module as well.
+        raise GraphError(f"graph file {path!r} is importable only as module {name!r}, and that name is taken by "
+                         f"{found or 'a built-in module'}: rename the file")
     return module, str(root)
 
 

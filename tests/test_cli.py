@@ -64,7 +64,10 @@ def test_run_redeploy_at_hands_the_state_over_and_equals_the_oracle() -> None:
 def test_bad_invocations_exit_2_with_a_message(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("from flamestream import Graph\ndef graph():\n    g = Graph('x')\n    g.source()\n    return g\n")
+    shadowed = tmp_path / "json.py"  # the standard library's json is imported under that name
+    shadowed.write_text(broken.read_text())
     cases = {
+        ("run", str(shadowed), "--input", "x"): "importable only as module 'json', and that name is taken by",
         ("run", "examples/missing.py", "--input", "x"): "is not an existing .py file",
         ("run", "examples/wordcount.py", "--input", str(tmp_path / "nope.txt")): "No such file",
         ("run", "examples/wordcount.py", "--input", "x", "--workers", "0"): "must be >= 1",
