@@ -31,7 +31,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -142,7 +142,7 @@ class PushResult:
 
     events: int
     duplicates: int
-    times: tuple[GlobalTime, ...]
+    times: tuple[GlobalTime, ...] = field(repr=False)  # one per event: thousands of lines in a repr
 
     @property
     def admitted(self) -> int:
