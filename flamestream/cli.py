@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allow dropping the state of groupings the new graph no longer has")
     deploy.add_argument("--fresh", action="store_true",
                         help="start with empty state instead of taking it over (when the running tick never ran, "
-                             "e.g. its graph could not be loaded)")
+                             "e.g. its graph could not be loaded, or a grouping's keys changed)")
     deploy.add_argument("--rebalance", action="store_true",
                         help="cut the hash ranges so each worker gets an equal share of the load the workers measured "
                              "(scale always does)")
@@ -452,7 +452,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       drain_timeout=args.drain_timeout, tls=args.tls)
     directory = run_suite(options, say=lambda line: print(line, file=sys.stderr, flush=True))
     summary = json.loads((directory / "result.json").read_text())
-    print(json.dumps({"result": str(directory / "result.json"), "plot": str(directory / "latency.png"),
+    plot = directory / "latency.png"
+    print(json.dumps({"result": str(directory / "result.json"), "plot": str(plot) if plot.exists() else None,
                       "systems": [{k: s.get(k) for k in ("name", "p50_ms", "p99_ms", "throughput", "correct", "error")}
                                   for s in summary["systems"]]}, indent=2))
     # Guarantees off may release replayed versions: its check is reported, never a failure of the run.

@@ -142,7 +142,7 @@ class PushResult:
 
     events: int
     duplicates: int
-    times: tuple[GlobalTime, ...] = field(repr=False)  # one per event: thousands of lines in a repr
+    times: tuple[GlobalTime, ...] = field(repr=False)  # one per event: thousands of entries in a repr
 
     @property
     def admitted(self) -> int:
@@ -499,7 +499,9 @@ class AsyncClient:
         stamping lease, and take over the current tick's grouping state below
         T (groupings matched by name), so counts carry on instead of
         restarting.  A grouping of the current graph that the new one lacks
-        would lose its state: refused unless ``drop_state``.  With
+        would lose its state: refused unless ``drop_state``.  A grouping of
+        the same name whose balancing or equivalence function reference
+        (``module:name``) or window differs would misread it: refused.  With
         ``rebalance``, the hash ranges give each worker an equal share of the
         load the workers measured (``Layout.balanced``), not of the hash space.
         ``fresh`` starts the tick now with empty state instead (no hand-over):
@@ -544,8 +546,8 @@ class AsyncClient:
         misread = misread_groupings(current.graph, graph)
         if misread:
             raise ClientError(f"the new graph's grouping(s) {', '.join(misread)} would take over state made with "
-                              "other keys: rename them (their state then starts empty) or deploy with fresh=True "
-                              "(--fresh) to start all state empty")
+                              "other keys: rename them and pass drop_state=True (--drop-state), so they start "
+                              "empty, or deploy with fresh=True (--fresh) to start all state empty")
         dropped = dropped_groupings(current.graph, graph)
         if dropped and not drop_state:
             raise ClientError(f"the new graph has no grouping named {', '.join(dropped)}: deploying it "

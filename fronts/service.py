@@ -580,7 +580,8 @@ class FrontService(rpc.FrontServicer):
         and amplify downstream.  Permanent: split the request instead.
         """
         size = request.ByteSize()
-        if size > self.max_push_bytes and len(request.events) == 1:  # one event: its own limit is what it broke
+        if size > self.max_push_bytes and len(request.events) == 1 and \
+                request.events[0].ByteSize() > self.max_event_bytes:  # one event, over its own limit: say that one
             return self._too_large(0, request.events[0].ByteSize())
         if size > self.max_push_bytes:
             return _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,

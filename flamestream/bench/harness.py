@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from flamestream.bench.workloads import Progress, Record, Workload
+from flamestream.runtime.launcher import node_name
 
 MAX_BATCH = 256
 """Most events handed to a system's push at once (all of them already due)."""
@@ -245,8 +246,9 @@ class TreeMeter:
 def _role(cmdline: list[str]) -> str:
     """What a process of the tree is, for the CPU breakdown: a node's name (``node0``), a module run with -m
     (``flamestream.bench.runner``), else its program."""
-    if "node" in cmdline and "--name" in cmdline[:-1]:
-        return cmdline[cmdline.index("--name") + 1]
+    name = node_name(cmdline) if "node" in cmdline else None
+    if name is not None:
+        return name
     if "-m" in cmdline[:-1]:
         return cmdline[cmdline.index("-m") + 1]
     return os.path.basename(cmdline[0]) if cmdline else "?"

@@ -375,9 +375,11 @@ def dropped_groupings(current: dict[str, Any], new: dict[str, Any]) -> list[str]
 
 
 def misread_groupings(current: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The groupings both graphs name whose balancing function, equivalence function or window differ, each
-    with what changed: handed over, their buckets would be read under keys they were not made with.  State is
-    matched by grouping name from one tick to the next; the functions downstream of a grouping may change freely.
+    """The groupings both graphs name whose balancing or equivalence function reference (``module:name``: what
+    a shipped graph holds, so a function moved to another file counts as changed, an edit in place does not) or
+    window differ, each with what changed: handed over, their buckets would be read under keys they were not
+    made with.  State is matched by grouping name from one tick to the next; the functions downstream of a
+    grouping may change freely.
 
     Why: the shipped examples both named a grouping ``by_word``, and deploying the inverted index over word
     count handed word count's counts to the index's grouping, whose ``combine`` then failed on every word seen

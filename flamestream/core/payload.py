@@ -61,8 +61,9 @@ def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
     Iterative, so no nesting can make it raise; a container seen before at the
     same or a greater depth is not walked again, so shared substructure costs at
     most one walk per depth, not one per path (``a = [a, a]`` 60 times over), and
-    a cycle ends up too deep.  Other types are not looked into: the encoder
-    writes them as their ``repr``, which escapes surrogates.
+    a cycle ends up too deep.  Other types are not looked into: a record's
+    encoder writes them as their ``repr``, which escapes surrogates, and an
+    event's refuses them (``encode_event``).
     """
     if type(value) is str:  # the common event (a line of text): no walk
         return _str_fault(value)
@@ -117,14 +118,7 @@ def encode_event(payload: Any) -> bytes:
     fault = check_payload(payload)
     if fault is not None:
         raise PayloadError(fault)
-    try:
-        return orjson.dumps(payload, option=_NATIVE_ONLY)
-    except orjson.JSONEncodeError:
-        pass  # integers beyond 64 bits, non-string keys, str/int subclasses: json's rules below
-    try:
-        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-    except (TypeError, ValueError) as exc:  # a type JSON does not have; a 5000-digit int
-        raise PayloadError(f"payload is not a JSON value: {exc}") from None
+    return _dumps(payload, as_record=False)
 
 
 def encode_payload(payload: Any) -> bytes:
@@ -140,23 +134,28 @@ def encode_payload(payload: Any) -> bytes:
     worker writing everybody's.
     """
     try:
-        return orjson.dumps(payload, option=_NATIVE_ONLY)
-    except orjson.JSONEncodeError:  # a type orjson leaves to us, non-string keys, integers beyond 64 bits...
-        pass
-    try:
-        return _encode_fallback(payload)
+        return _dumps(payload, as_record=True)
     except PayloadError as exc:
         return orjson.dumps(dead_letter(RECORD, exc.__cause__ or exc, payload))
 
 
-def _encode_fallback(payload: Any) -> bytes:
-    """``json``'s rules for what orjson refused; ``PayloadError`` for what cannot be written."""
+def _dumps(payload: Any, *, as_record: bool) -> bytes:
+    """Compact UTF-8 JSON: orjson's for plain JSON, else ``json``'s rules — for a record with what JSON lacks
+    written as its ``repr`` (``_plain``), for an event with nothing of the kind.  ``PayloadError`` for what
+    cannot be written."""
     try:
-        return json.dumps(_plain(payload, 0), ensure_ascii=False, default=repr, separators=(",", ":")).encode()
+        return orjson.dumps(payload, option=_NATIVE_ONLY)
+    except orjson.JSONEncodeError:  # a type orjson leaves to us, non-string keys, integers beyond 64 bits...
+        pass
+    try:
+        if as_record:
+            return json.dumps(_plain(payload, 0), ensure_ascii=False, default=repr, separators=(",", ":")).encode()
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
     except PayloadError:
         raise
     except Exception as exc:  # UnicodeEncodeError (a lone surrogate), a repr that raises, a 5000-digit int...
-        raise PayloadError(f"payload cannot be written as JSON: {type(exc).__name__}: {exc}") from exc
+        what = "is not a JSON value" if isinstance(exc, TypeError) and not as_record else "cannot be written as JSON"
+        raise PayloadError(f"payload {what}: {type(exc).__name__}: {exc}") from exc
 
 
 def _plain(value: Any, depth: int) -> Any:

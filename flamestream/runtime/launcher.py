@@ -99,6 +99,11 @@ class NodePlan:
             ([(BARRIER, f"{BARRIER}{self.barriers[0]}")] if self.barriers else [])
 
 
+def node_name(argv: list[str]) -> str | None:
+    """The ``--name`` of a node's command line (``node_args``), None if it has none."""
+    return argv[argv.index("--name") + 1] if "--name" in argv[:-1] else None
+
+
 def plan_nodes(nodes: int, fronts: int = 1, placement: str = "nodes") -> list[NodePlan]:
     """Which node hosts what: the same members either way, so a cluster's output does not depend on it.
 

@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from flamestream.runtime.launcher import child_env, start_time
+from flamestream.runtime.launcher import child_env, node_name, start_time
 
 LOWEST = 19
 """The niceness a spare imports at."""
@@ -114,8 +114,9 @@ def receive() -> list[str] | None:
     os.close(null)
     os.chdir(command["cwd"])
     sys.argv = [sys.executable, *args]
-    if "--name" in args[:-1]:
-        _name_process(f"fs {args[args.index('--name') + 1]}")
+    name = node_name(args)
+    if name is not None:
+        _name_process(f"fs {name}")
     return args[2:]
 
 
