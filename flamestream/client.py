@@ -157,6 +157,8 @@ class Record:
     offset: int
     time: GlobalTime
     payload: Any
+    group: str | None = field(default=None, compare=False)
+    """The consumer group it was read for: what ``commit`` stores its offset in."""
 
 
 @dataclass(frozen=True)
@@ -283,7 +285,6 @@ class AsyncClient:
         self._anonymous = uuid.uuid4().hex
         """Producer id prefix for pushes without one: retries of anonymous pushes are deduplicated too."""
         self._front_ids: list[int] | None = None
-        self._group: str | None = None
         self._followers: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> AsyncClient:
@@ -657,13 +658,15 @@ class AsyncClient:
     async def commit(self, record: Record, group: str | None = None) -> None:
         """Store ``record.offset + 1`` as where ``group`` resumes ``record.partition``.
 
-        ``group`` defaults to the group of the latest ``consume``, which is
-        where the record normally comes from.  Commits are idempotent (last
-        write wins), so they are retried like reads.
+        ``group`` defaults to the group the record was consumed for
+        (``Record.group``): not the latest ``consume``'s, which was another
+        group's when one client reads two, and committed one group's offset
+        into the other.  Commits are idempotent (last write wins), so they are
+        retried like reads.
         """
-        group = group if group is not None else self._group
+        group = group if group is not None else record.group
         if group is None:
-            raise ValueError("commit() needs a group: pass one or call consume() first")
+            raise ValueError("commit() needs a group: pass one, or commit a record that consume() returned")
         _check_group(group)
 
         async def attempt() -> pb.Empty:
@@ -698,14 +701,13 @@ class AsyncClient:
         cross its thread boundary once per batch.
         """
         _check_group(group)
-        self._group = group
         # Retried like every call: a consumer (re)started while the cluster recovers finds no barrier for a while.
         partitions = sorted(await self._retry("finding the barriers", self._barriers))
         starts = {p: await self.committed(group, p) if from_committed else 0 for p in partitions}
         # Bounded: a slow consumer holds back the subscriptions instead of buffering without limit.  Entries are
         # the records of one barrier message (one queue operation per message, not per record).
         queue: asyncio.Queue[list[Record] | ClientError] = asyncio.Queue(maxsize=_QUEUED_MESSAGES)
-        tasks = [asyncio.create_task(self._follow(p, starts[p], queue)) for p in partitions]
+        tasks = [asyncio.create_task(self._follow(group, p, starts[p], queue)) for p in partitions]
         self._followers.update(tasks)
         try:
             while True:
@@ -729,7 +731,8 @@ class AsyncClient:
             await asyncio.gather(*tasks, return_exceptions=True)
             self._followers.difference_update(tasks)
 
-    async def _follow(self, partition: int, offset: int, queue: asyncio.Queue[list[Record] | ClientError]) -> None:
+    async def _follow(self, group: str, partition: int, offset: int,
+                      queue: asyncio.Queue[list[Record] | ClientError]) -> None:
         """Feed one partition into ``queue``, resubscribing after the barrier's stream breaks.
 
         A stream can end because its barrier restarted; resubscribing from the
@@ -748,7 +751,7 @@ class AsyncClient:
                         for message in batch.records:
                             records.append(Record(partition=message.partition, offset=message.offset,
                                                   time=GlobalTime(message.time.ts, message.time.front),
-                                                  payload=decode_payload(message.payload)))
+                                                  payload=decode_payload(message.payload), group=group))
                     finally:  # what decoded before a bad payload is still delivered, in order
                         if records:
                             offset = records[-1].offset + 1

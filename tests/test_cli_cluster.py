@@ -551,6 +551,11 @@ def test_consume_merges_partitions_and_commit_stores_the_next_offset(
         assert len(everything) == 8
         abandoned = client.consume("g")
         assert next(abandoned).partition in (0, 1)  # left open: closing the client must end it cleanly
+    with Client(zookeeper, cluster_name) as client:  # two groups on one client: a record commits to its own
+        read_x = next(r for r in client.consume("x", timeout=0.5) if r.partition == 0 and r.offset == 1)
+        assert [r.group for r in client.consume("y", timeout=0.5)] == ["y"] * 8
+        client.commit(read_x)
+        assert (client.committed("x", 0), client.committed("y", 0)) == (2, 0)
     with Client(zookeeper, cluster_name) as client, pytest.raises(ValueError, match="needs a group"):
         client.commit(Record(0, 0, GlobalTime(0, 0), None))
 
