@@ -66,10 +66,17 @@ def load_graph(path: str, allowed: Allowed | None = None) -> tuple[Graph, Module
 
 
 def read_inputs(module: ModuleType, path: str) -> Iterator[Any]:
-    """Events from ``path``: the module's ``read_input(path)`` if it has one, else one event per line."""
+    """Events from ``path`` (``-``: standard input): the module's ``read_input(path)`` if it has one, else one
+    event per line.  A reader gets standard input as ``/dev/stdin``, a path like any other (it was skipped for
+    ``-``, so a page corpus piped in became one event per line, each refused).  What the reader raises is the
+    input's fault, told as a ``GraphError`` naming it, not a traceback."""
     reader = getattr(module, "read_input", None)
-    if callable(reader) and path != "-":
-        yield from reader(path)
+    if callable(reader):
+        try:
+            yield from reader("/dev/stdin" if path == "-" else path)
+        except Exception as exc:
+            raise GraphError(f"read_input({path!r}) of {module.__name__} failed: {type(exc).__name__}: {exc}") \
+                from None
         return
     stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
     with stream:

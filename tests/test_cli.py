@@ -61,6 +61,21 @@ def test_run_redeploy_at_hands_the_state_over_and_equals_the_oracle() -> None:
     assert {"word": "b", "count": 5} in [json.loads(line) for line in oracle.stdout.splitlines()]
 
 
+def test_stdin_goes_through_the_graphs_read_input_and_its_failure_is_one_line(tmp_path: Path) -> None:
+    """``--input -`` skipped ``read_input``: piped pages became one event per line, each refused, exit 0."""
+    pages = ('<pages><page id="1" title="a">the ball and the goal</page>'
+             '<page id="2" title="b">a goal</page></pages>\n')
+    (tmp_path / "pages.xml").write_text(pages)
+    piped = flamestream("run", "examples/inverted_index.py", "--input", "-", stdin=pages)
+    from_file = flamestream("run", "examples/inverted_index.py", "--input", str(tmp_path / "pages.xml"))
+    assert piped.returncode == 0 and "rejected" not in piped.stderr, piped.stderr
+    assert sorted(piped.stdout.splitlines()) == sorted(from_file.stdout.splitlines())
+    assert len(piped.stdout.splitlines()) == 5 + 3  # a posting per distinct word of each title and text
+    broken = flamestream("run", "examples/inverted_index.py", "--input", "-", stdin="not xml\n")
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr
+    assert "read_input('-') of examples.inverted_index failed: ParseError" in broken.stderr
+
+
 def test_bad_invocations_exit_2_with_a_message(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("from flamestream import Graph\ndef graph():\n    g = Graph('x')\n    g.source()\n    return g\n")
