@@ -107,6 +107,10 @@ class LeaseMoved(Exception):
     """A front's stamping lease changed between reading it and publishing a tick: choose a later start."""
 
 
+class Unauthorized(Exception):
+    """ZooKeeper refused this session on a secured cluster: a process started without its credentials."""
+
+
 class ClusterStore:
     """A ZooKeeper session bound to one cluster's subtree.
 
@@ -219,6 +223,9 @@ class ClusterStore:
             try:
                 self._zk.create(path, data, ephemeral=True, makepath=True)
                 break
+            except NoAuthError:
+                raise Unauthorized(f"ZooKeeper refused to register {role} {name!r}: the cluster's znodes are "
+                                   "secured (digest ACLs) and this session does not hold its credentials") from None
             except NodeExistsError:
                 try:
                     held, stat = self._zk.get(path)

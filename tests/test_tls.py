@@ -195,6 +195,16 @@ def test_secure_wordcount_is_exact_and_every_way_around_the_credentials_is_refus
         raw.close()
 
 
+def test_a_node_started_without_the_clusters_credentials_says_so_in_one_line(secure: Cluster) -> None:
+    """A hand-started node without --tls-dir: ZooKeeper's ACLs refuse its registration (it was a traceback ending in
+    kazoo's bare NoAuthError)."""
+    done = cli("node", "--zookeeper", secure.zookeeper, "--cluster", secure.name, "--name", "node9", "--worker", "9",
+               "--data-dir", str(secure.data / "node9"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "node node9: ZooKeeper refused to register worker 'worker9'" in done.stderr
+    assert "start it with --tls-dir DIR" in done.stderr
+
+
 def test_a_client_without_credentials_is_refused(secure: Cluster) -> None:
     _deploy(secure)
     tls_dir = secure.data / "tls"

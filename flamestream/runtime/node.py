@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from flamestream.cluster import ClusterStore, placement
+from flamestream.cluster import ClusterStore, Unauthorized, placement
 from flamestream.core.functions import check_module_name
 from flamestream.core.tick import Tick
 from flamestream.runtime import logs, recovery
@@ -232,6 +232,10 @@ class Node:
                 try:
                     await asyncio.to_thread(self.store.register, role.kind, role.name, info, stale=stale)
                     break
+                except Unauthorized as exc:
+                    raise SystemExit(f"node {self.name}: {exc}: start it with --tls-dir DIR, the credentials "
+                                     "directory of the cluster (DIR/tls of its `up`, or `flamestream tls-init`)") \
+                        from None
                 except ValueError as exc:
                     if time.monotonic() >= deadline:
                         raise SystemExit(f"node {self.name}: {exc}") from None
