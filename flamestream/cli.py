@@ -721,14 +721,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     data_dir, state = _recorded(args)
     if state is None:
         raise NotRunning(f"no cluster is recorded in {data_dir}")
-    rows = [(p.name, p.role, str(p.pid), "running" if launcher.is_alive(p.pid, p.started) else "gone",
-             f"restarts {p.restarts}", p.address or "-") for p in state.processes]
+    rows = [(p.name, p.role, str(p.pid), _liveness(p, state.tls_dir), f"restarts {p.restarts}", p.address or "-")
+            for p in state.processes]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     security = f"secured, credentials in {state.tls_dir}" if state.tls_dir else "INSECURE: plaintext, no authentication"
     print(f"cluster {state.cluster!r} (ZooKeeper {state.zookeeper}; {security})")
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def _liveness(process: launcher.ProcessRecord, tls_dir: str | None) -> str:
+    """``gone``, ``running`` (no health service: ZooKeeper, the supervisor), or a node's gRPC health: a node whose
+    role failed is alive but ``NOT_SERVING``, which ``running`` alone hid."""
+    if not launcher.is_alive(process.pid, process.started):
+        return "gone"
+    if process.role != launcher.NODE or not process.address:
+        return "running"
+    return launcher.health_status(process.address, tls_dir)
 
 
 def cmd_spare(_args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -293,6 +294,8 @@ def test_a_full_snapshot_disk_turns_the_worker_not_serving_until_a_snapshot_succ
                 return check
 
             eventually(turns("NOT_SERVING"), "worker0 to turn NOT_SERVING over its failed snapshot")
+            status = cli("status", "--data-dir", str(data)).stdout  # alive, but not serving: status says so
+            assert re.search(rf"^{node['name']} +node +{node['pid']} +NOT_SERVING ", status, re.M), status
             client.push([f"d e {i}" for i in range(50)], producer="snap")  # the stream goes on meanwhile
             filler.unlink()
             eventually(turns("SERVING"), "worker0 to be SERVING again")

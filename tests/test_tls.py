@@ -133,6 +133,7 @@ def test_secure_wordcount_is_exact_and_every_way_around_the_credentials_is_refus
         assert stat.S_IMODE((tls_dir / secret).stat().st_mode) == 0o600, secret
     status = cli("status", "--data-dir", str(secure.data))
     assert f"secured, credentials in {tls_dir}" in status.stdout and "INSECURE" not in status.stdout
+    assert status.stdout.count(" SERVING ") == 2, status.stdout  # each node's health, asked over mTLS
     assert not any("INSECURE" in (secure.data / "logs" / f"{node}.log").read_text() for node in ("node0", "node1"))
     _deploy(secure)
     with Client(secure.zookeeper, secure.name, credentials=tls_dir) as client:
