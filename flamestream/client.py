@@ -484,8 +484,12 @@ class AsyncClient:
             if time.monotonic() - started > timeout:
                 snapshots = await self._in_zookeeper("reading snapshots",
                                                      lambda store: store.snapshots(handover.previous or 0))
+                written = snapshots.get(boundary, {})
+                missing = [f"worker{i}" for i in range(workers) if f"worker{i}" not in written]
                 raise ClientError(f"tick {tick} did not get the state of tick {handover.previous} within "
-                                  f"{timeout:g}s: {len(snapshots.get(boundary, {}))} of {workers} snapshots")
+                                  f"{timeout:g}s: {len(written)} of {workers} snapshots; no snapshot from "
+                                  f"{', '.join(missing)} (a worker that cannot write one is NOT_SERVING: "
+                                  "`flamestream status` and its node's log say why)")
             await asyncio.sleep(0.05)
 
     async def deploy(self, graph: Graph, workers: int | None = None, drop_state: bool = False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ import pytest
 from flamestream.client import ANONYMOUS, PUSH_BATCH, AsyncClient, Client, ClientError, PushResult, Record
 from flamestream.cluster import ClusterStore
 from flamestream.core.hashing import stable_hash
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.tick import Layout, Tick
 from flamestream.runtime import launcher
 from flamestream.wire import flamestream_pb2 as pb
@@ -491,6 +492,22 @@ def test_deploy_refuses_a_graph_whose_same_named_grouping_keys_its_state_otherwi
     assert fresh.returncode == 0, fresh.stderr
     number, data = store.latest_tick() or (None, {})
     assert number == 1 and data["graph"]["name"] == "inverted_index" and data["previous"] is None
+
+
+def test_a_hand_over_that_times_out_names_the_workers_whose_snapshot_is_missing(
+        store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
+    """A worker that cannot write its snapshot (a value in its state that is not plain) holds a hand-over back; the
+    timeout said "1 of 2 snapshots", not whose, nor where to look."""
+    first = Tick(number=0, start=GlobalTime(1000, 0), graph={}, layout=Layout.even(2), workers=("a:1", "b:1"),
+                 fronts=(0,), acker="c:1", barriers=((0, "d:1"),))
+    store.publish_tick(first.to_dict())
+    handover = dataclasses.replace(first, number=1, start=GlobalTime(2000, 0), previous=0)
+    store.publish_tick(handover.to_dict())
+    store.register_snapshot(0, boundary_name(handover.start), 0, {"path": "x"})
+    with Client(zookeeper, cluster_name) as client, pytest.raises(ClientError) as late:
+        client.wait_handover(1, timeout=0.3)
+    assert "1 of 2 snapshots; no snapshot from worker1 (a worker that cannot write one is NOT_SERVING" in \
+        str(late.value)
 
 
 def test_deploy_refuses_an_incomplete_cluster(store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
