@@ -397,6 +397,14 @@ def test_from_json_rejects_grouping_without_hash() -> None:
         Graph.from_json(json.dumps(data))
 
 
+def test_unnamed_sinks_get_names_of_their_own() -> None:
+    g = Graph("two_sinks")
+    split = g.source().to(g.broadcast(2, name="split"))
+    g.connect(split.out(0), g.sink())
+    g.connect(split.out(1), g.sink())
+    assert [op.name for op in g.validate().operations.values() if op.kind == "sink"] == ["sink", "sink1"]
+
+
 def test_state_is_matched_by_grouping_name_and_refused_where_its_keys_change() -> None:
     from examples import inverted_index, wordcount
 

@@ -145,8 +145,12 @@ class Graph:
         return self._add(Operation(name, "grouping", 1, 1, balance=self._ref(balance, where), window=window,
                                    equivalence=self._ref(equivalence, where)))
 
-    def sink(self, name: str = "sink") -> Node:
-        """Items reaching a sink go to the barrier and, once valid, to the output."""
+    def sink(self, name: str | None = None) -> Node:
+        """Items reaching a sink go to the barrier and, once valid, to the output.  Unnamed: ``sink``, then
+        ``sink1``, ``sink2``... (a second ``sink()`` was ``sink`` again, refused as a name used twice)."""
+        if name is None:
+            sinks = sum(1 for op in self.operations.values() if op.kind == "sink")
+            name = f"sink{sinks}" if sinks else "sink"
         return self._add(Operation(name, "sink", 1, 0))
 
     def connect(self, src: Node | Port, dst: Node | Port) -> Node:
