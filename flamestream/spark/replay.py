@@ -32,6 +32,7 @@ the same way, from the snapshot's files, and reads only the log after it.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -79,6 +80,9 @@ def spark_session(master: str, app: str, conf: Mapping[str, str] | None = None) 
     on this interpreter (which has flamestream installed), our own progress lines instead of Spark's bar."""
     from pyspark.sql import SparkSession
 
+    # The JVM reads it at launch: without it, Spark warns on every command that the hostname resolves to loopback
+    # and names another interface's address "instead", though the driver binds to 127.0.0.1 (below).
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.ui.enabled", "false").config("spark.log.level", "ERROR")
                .config("spark.ui.showConsoleProgress", "false")
