@@ -28,6 +28,7 @@ import os
 import shlex
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import asdict, dataclass
@@ -36,7 +37,7 @@ from typing import Any
 
 from flamestream import roles
 from flamestream.acker.service import STALL_TIMEOUT
-from flamestream.client import Client, ClientError, InvalidName, PushResult, Record
+from flamestream.client import Client, ClientError, InvalidName, PushResult, Record, StateWarning
 from flamestream.cluster import ClusterStore
 from flamestream.core.front import Stamped, stamp_inputs
 from flamestream.core.functions import Allowed, FunctionRefError
@@ -288,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allow dropping the state of groupings the new graph no longer has")
     deploy.add_argument("--fresh", action="store_true",
                         help="start with empty state instead of taking it over (when the running tick never ran, "
-                             "e.g. its graph could not be loaded, or a grouping's keys changed)")
+                             "e.g. its graph could not be loaded, or a grouping's keys mean something else now)")
     deploy.add_argument("--rebalance", action="store_true",
                         help="cut the hash ranges so each worker gets an equal share of the load the workers measured "
                              "(scale always does)")
@@ -804,8 +805,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     graph, _module = load_graph(args.graph, Allowed.of(args.allow_module))
     zookeeper, cluster = cluster_address(args)
     with Client(zookeeper, cluster, credentials=credentials_of(args)) as client:
-        number = client.deploy(graph, workers=args.workers, drop_state=args.drop_state, rebalance=args.rebalance,
-                               allow_modules=args.allow_module, fresh=args.fresh)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", StateWarning)
+            number = client.deploy(graph, workers=args.workers, drop_state=args.drop_state,
+                                   rebalance=args.rebalance, allow_modules=args.allow_module, fresh=args.fresh)
+        for warning in said:  # a StateWarning in one line, like the errors; any other as Python shows it
+            if issubclass(warning.category, StateWarning):
+                print(f"flamestream: warning: {warning.message}", file=sys.stderr)
+            else:
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
         client.wait_handover(number)
     print(number)
     return 0

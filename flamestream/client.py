@@ -29,6 +29,7 @@ import re
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from kazoo.exceptions import KazooException, NoAuthError  # type: ignore[import-
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, WORKER, ClusterStore, LeaseMoved
 from flamestream.core.functions import Allowed
-from flamestream.core.graph import Graph, dropped_groupings, misread_groupings
+from flamestream.core.graph import Graph, changed_groupings, dropped_groupings
 from flamestream.core.hashing import stable_hash
 from flamestream.core.limits import MAX_NAME_BYTES, RETRY_HINT, group_fault
 from flamestream.core.meta import GlobalTime, boundary_name
@@ -81,6 +82,11 @@ def _chunks(encoded: list[bytes]) -> Iterable[tuple[int, list[bytes]]]:
             end += 1
         yield start, encoded[start:end]
         start = end
+
+
+class StateWarning(UserWarning):
+    """A deploy hands state over to a grouping whose functions are referenced differently: maybe a renamed file,
+    maybe keys that mean something else now."""
 
 
 class InvalidName(ValueError):
@@ -505,8 +511,9 @@ class AsyncClient:
         T (groupings matched by name), so counts carry on instead of
         restarting.  A grouping of the current graph that the new one lacks
         would lose its state: refused unless ``drop_state``.  A grouping of
-        the same name whose balancing or equivalence function reference
-        (``module:name``) or window differs would misread it: refused.  With
+        the same name with another window is refused, one with another
+        balancing or equivalence function reference (``module:name``) is
+        taken over with a ``StateWarning`` (a renamed file is the same code).  With
         ``rebalance``, the hash ranges give each worker an equal share of the
         load the workers measured (``Layout.balanced``), not of the hash space.
         ``fresh`` starts the tick now with empty state instead (no hand-over):
@@ -548,11 +555,17 @@ class AsyncClient:
         if latest is None or fresh:
             return await self._in_zookeeper("publishing the tick", lambda store: store.publish_tick(tick.to_dict()))
         current = Tick.from_dict({**latest[1], "number": latest[0]})
-        misread = misread_groupings(current.graph, graph)
-        if misread:
-            raise ClientError(f"the new graph's grouping(s) {', '.join(misread)} would take over state made with "
-                              "other keys: rename them and pass drop_state=True (--drop-state), so they start "
+        windows = changed_groupings(current.graph, graph, ("window",))
+        if windows:
+            raise ClientError(f"the new graph's grouping(s) {', '.join(windows)} would take over state kept for "
+                              "another window: rename them and pass drop_state=True (--drop-state), so they start "
                               "empty, or deploy with fresh=True (--fresh) to start all state empty")
+        functions = changed_groupings(current.graph, graph, ("balance", "equivalence"))
+        if functions:
+            warnings.warn(f"the new graph's grouping(s) {', '.join(functions)} take over tick {current.number}'s "
+                          "state with other function references: if their keys now mean something else, deploy "
+                          "again with fresh=True (--fresh), or rename the groupings and pass drop_state=True "
+                          "(--drop-state)", StateWarning, stacklevel=2)
         dropped = dropped_groupings(current.graph, graph)
         if dropped and not drop_state:
             raise ClientError(f"the new graph has no grouping named {', '.join(dropped)}: deploying it "

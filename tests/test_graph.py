@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flamestream.core.graph import Edge, Graph, GraphError, Operation, dropped_groupings, misread_groupings
+from flamestream.core.graph import Edge, Graph, GraphError, Operation, changed_groupings, dropped_groupings
 from tests import graphfns as fns
 
 
@@ -405,20 +405,22 @@ def test_unnamed_sinks_get_names_of_their_own() -> None:
     assert [op.name for op in g.validate().operations.values() if op.kind == "sink"] == ["sink", "sink1"]
 
 
-def test_state_is_matched_by_grouping_name_and_refused_where_its_keys_change() -> None:
+def test_state_is_matched_by_grouping_name_and_its_changes_are_named() -> None:
     from examples import inverted_index, wordcount
 
     count, index = wordcount.graph().to_dict(), inverted_index.graph().to_dict()
+    keys = ("balance", "equivalence", "window")
     assert dropped_groupings(index, count) == ["revisions"] and dropped_groupings(count, index) == []
-    assert misread_groupings(count, count) == []
-    (by_word,) = misread_groupings(count, index)
+    assert changed_groupings(count, count, keys) == []
+    (by_word,) = changed_groupings(count, index, keys)
     assert by_word.startswith("'by_word' (balance 'examples.wordcount:word_hash' -> "
                               "'examples.inverted_index:word_hash'")
     assert "equivalence 'examples.wordcount:word_of' -> 'examples.inverted_index:word_of'" in by_word
+    assert changed_groupings(count, index, ("window",)) == []
     wider = json.loads(json.dumps(count))
     next(op for op in wider["operations"] if op["name"] == "by_word")["window"] = 3
-    assert misread_groupings(count, wider) == ["'by_word' (window 2 -> 3)"]
+    assert changed_groupings(count, wider, keys) == ["'by_word' (window 2 -> 3)"]
     renamed_map = json.loads(json.dumps(count))  # a function downstream of the grouping may change freely
     next(op for op in renamed_map["operations"] if op["name"] == "combine")["fn"] = "examples.wordcount:other"
     assert renamed_map != count
-    assert misread_groupings(count, renamed_map) == [] and dropped_groupings(count, renamed_map) == []
+    assert changed_groupings(count, renamed_map, keys) == [] and dropped_groupings(count, renamed_map) == []

@@ -64,6 +64,9 @@ def test_audit_after_a_redeploy_of_another_graph_is_equal(tmp_path: Path, zookee
         push_and_drain(zookeeper, cluster_name, [f"to be or not to be {i % 3}" for i in range(60)], 60 * WORDS)
         redeploy = flamestream("deploy", str(v2), "--data-dir", str(data))
         assert redeploy.returncode == 0, redeploy.stderr
+        # Its functions are referenced from another file now: taken over, with a word for the deployer.
+        assert "flamestream: warning: the new graph's grouping(s) 'by_word' (balance 'examples.wordcount:word_hash' " \
+            "-> 'wordcount_v2:word_hash'" in redeploy.stderr, redeploy.stderr
         push_and_drain(zookeeper, cluster_name, [f"to be or not to be {i % 4}" for i in range(60)], 120 * WORDS)
         # While the cluster runs, replay finds its ZooKeeper (and so its ticks) through DIR/cluster.json.
         ticks = spark_cli.run("replay", "--input-log", str(data), "--out", str(tmp_path / "ticks"),

@@ -363,11 +363,6 @@ def _operation_faults(op: Operation) -> list[str]:
     return faults
 
 
-_STATE_KEYS = ("balance", "equivalence", "window")
-"""What a grouping's state means: its buckets are keyed by the balancing function's hash and the equivalence
-function's value, and hold ``window - 1`` items each."""
-
-
 def _groupings(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {str(op["name"]): op for op in data.get("operations", []) if op.get("kind") == "grouping"}
 
@@ -378,24 +373,25 @@ def dropped_groupings(current: dict[str, Any], new: dict[str, Any]) -> list[str]
     return sorted(_groupings(current).keys() - _groupings(new).keys())
 
 
-def misread_groupings(current: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The groupings both graphs name whose balancing or equivalence function reference (``module:name``: what
-    a shipped graph holds, so a function moved to another file counts as changed, an edit in place does not) or
-    window differ, each with what changed: handed over, their buckets would be read under keys they were not
-    made with.  State is matched by grouping name from one tick to the next; the functions downstream of a
-    grouping may change freely.
+def changed_groupings(current: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    """The groupings both graphs name whose ``keys`` (of ``balance``, ``equivalence``, ``window``) differ, each
+    with what changed.  State is matched by grouping name from one tick to the next, and a grouping's buckets are
+    keyed by its balancing function's hash and its equivalence function's value and hold ``window - 1`` items:
+    handed over across such a change, the state may be read under keys it was not made with.
 
-    Why: the shipped examples both named a grouping ``by_word``, and deploying the inverted index over word
-    count handed word count's counts to the index's grouping, whose ``combine`` then failed on every word seen
-    before (a dead letter each, and no warning at the deploy)."""
+    Why: the shipped examples both name a grouping ``by_word``, and deploying the inverted index over word count
+    handed word count's counts to the index's grouping, whose ``combine`` then failed on every word seen before
+    (a dead letter each, and no word at the deploy).  A shipped graph names functions by reference
+    (``module:name``), so the same function from a renamed file (``wordcount_v2.py``) differs as well: what a
+    changed reference means is the deployer's to judge, a changed window is not."""
     before, after = _groupings(current), _groupings(new)
-    misread = []
+    changed = []
     for name in sorted(before.keys() & after.keys()):
-        changed = [f"{key} {before[name].get(key)!r} -> {after[name].get(key)!r}" for key in _STATE_KEYS
-                   if before[name].get(key) != after[name].get(key)]
-        if changed:
-            misread.append(f"{name!r} ({', '.join(changed)})")
-    return misread
+        diffs = [f"{key} {before[name].get(key)!r} -> {after[name].get(key)!r}" for key in keys
+                 if before[name].get(key) != after[name].get(key)]
+        if diffs:
+            changed.append(f"{name!r} ({', '.join(diffs)})")
+    return changed
 
 
 def _defining_module() -> str | None:
