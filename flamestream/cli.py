@@ -862,7 +862,7 @@ def read_events(path: str, as_json: bool) -> Iterator[tuple[int, list[Any], list
     named by its number here, in one line, before anything of its batch is sent;
     undecodable input is named the same way instead of a traceback.
     """
-    where = "stdin" if path == "-" else path
+    where = input_name(path)
     number = 0
     try:
         for lines in read_lines(path):
@@ -875,6 +875,11 @@ def read_events(path: str, as_json: bool) -> Iterator[tuple[int, list[Any], list
         line = number + 1 + bytes(exc.object[:exc.start]).count(b"\n")
         raise UsageError(f"{where} line {line} is not valid {exc.encoding} ({exc.reason}: "
                          f"byte {bytes(exc.object[exc.start:exc.start + 1]).hex()})") from None
+
+
+def input_name(path: str) -> str:
+    """How messages name the input ``path`` (``-``: standard input)."""
+    return "stdin" if path == "-" else path
 
 
 def plain_events(lines: list[str], first: int, where: str) -> list[tuple[int, str]]:
@@ -952,8 +957,8 @@ def cmd_push(args: argparse.Namespace) -> int:
         raise
     except ClientError as exc:
         if exc.event is not None and exc.code is not None:  # a front refused one event: name its input line
-            where = "stdin" if args.file == "-" else args.file
-            exc.args = (f"{where} line {pushing[exc.event]} was refused ({exc.code.name}): {exc.reason}",)
+            exc.args = (f"{input_name(args.file)} line {pushing[exc.event]} was refused ({exc.code.name}): "
+                        f"{exc.reason}",)
         done = pushed.events + exc.pushed
         if done:
             hint = " (push the same input with the same --producer to add the rest exactly once)"

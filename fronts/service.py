@@ -580,10 +580,9 @@ class FrontService(rpc.FrontServicer):
         and amplify downstream.  Permanent: split the request instead.
         """
         size = request.ByteSize()
-        if size > self.max_push_bytes and len(request.events) == 1 and \
-                request.events[0].ByteSize() > self.max_event_bytes:  # one event, over its own limit: say that one
-            return self._too_large(0, request.events[0].ByteSize())
         if size > self.max_push_bytes:
+            if len(request.events) == 1 and (event := request.events[0].ByteSize()) > self.max_event_bytes:
+                return self._too_large(0, event)  # one event, over its own limit: say that one
             return _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"push of {size} bytes exceeds the limit of {self.max_push_bytes} (--max-push-bytes); "
                              "send fewer events per request")
