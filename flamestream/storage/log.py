@@ -141,13 +141,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_durably(path: Path, data: bytes) -> None:
-    """``data`` at ``path`` or the old file there, whatever crashes when: a temporary name, fsync, rename,
-    then the directory fsynced so the rename itself survives a power cut (snapshots, a front's checkpoint)."""
+def write_durably(path: Path, *parts: bytes) -> None:
+    """``parts``, one after another, at ``path`` or the old file there, whatever crashes when: a temporary name,
+    fsync, rename, then the directory fsynced so the rename itself survives a power cut (snapshots, a front's
+    checkpoint).  In parts, so a snapshot's tens of thousands of chunks are not first copied into one buffer."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(data)
+        f.writelines(parts)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

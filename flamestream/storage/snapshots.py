@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flamestream.core import values
+from flamestream.core.grouping import Entries
 from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.worker import WorkerState
 from flamestream.storage.log import write_durably
@@ -57,6 +58,10 @@ class SnapshotInfo:
 Encoded = dict[str, dict[Hashable, tuple[bytes, int]]]
 """Grouping name -> bucket key -> (the bucket's encoded chunk, items in it): a snapshot's buckets as written."""
 
+REUSE_ABOVE = 4096
+"""Bytes of a bucket's chunk from which its next encoding reuses the parts it still shares (``SnapshotImage``):
+below it, cutting a bucket into parts costs more than pickling it whole."""
+
 
 def snapshot_dir(data_dir: Path, boundary: GlobalTime) -> Path:
     return data_dir / "snapshots" / boundary_name(boundary)
@@ -81,27 +86,37 @@ class SnapshotImage:
 
     def __init__(self) -> None:
         self._groupings: Encoded = {}
+        self._parts: dict[str, dict[Hashable, values.Parts]] = {}
+        self._writer = values.PartWriter()
 
     def update(self, changes: WorkerState, known: Encoded | None = None) -> None:
         """Apply a change report: a bucket with entries replaces what the image held for its key, one
         without removes it; a grouping the report names exists even if it has no buckets.  A bucket whose
         chunk ``known`` holds (one just read from a snapshot with those very entries) takes that chunk as it
         is: a worker that took a snapshot over reports its whole state once, and encoding it again took as
-        long as decoding it (2 s for 89 MB of inverted index)."""
+        long as decoding it (2 s for 89 MB of inverted index).  A bucket whose previous chunk took
+        ``REUSE_ABOVE`` bytes or more is encoded reusing that chunk's bytes for the parts its payloads still
+        share (``values.PartWriter``)."""
         for name, buckets in changes.items():
             image = self._groupings.setdefault(name, {})
+            parts = self._parts.setdefault(name, {})
             given = known.get(name, {}) if known is not None else {}
             fresh = []
             for h, key, entries in buckets:
+                held = image.get(key)
                 if not entries:
                     image.pop(key, None)
+                    parts.pop(key, None)
                 elif key in given:
                     image[key] = given[key]
+                    parts.pop(key, None)
+                elif held is not None and len(held[0]) >= REUSE_ABOVE:
+                    chunk, parts[key] = self._writer.encode(_bucket(name, h, key, entries),
+                                                            (held[0], parts.get(key, {})))
+                    image[key] = (chunk, len(entries))
                 else:
                     fresh.append((h, key, entries))
-            chunks = values.encode_each([name, [[h, key, [[gt.ts, gt.front, list(trace), payload]
-                                                          for (gt, trace), payload in entries]]]]
-                                        for h, key, entries in fresh)
+            chunks = values.encode_each(_bucket(name, h, key, entries) for h, key, entries in fresh)
             for (_h, key, entries), chunk in zip(fresh, chunks, strict=True):
                 image[key] = (chunk, len(entries))
 
@@ -115,13 +130,18 @@ class SnapshotImage:
             for chunk, count in image.values():
                 parts.append(chunk)
                 items += count
-        body = b"".join(parts)
+        body_bytes = sum(map(len, parts))
         fields: dict[str, Any] = {"version": VERSION, "boundary": list(boundary), "worker": worker, "tick": tick,
-                                  "keys": keys, "items": items, "body_bytes": len(body)}
-        fields["sha256"] = _checksum(fields, body)
-        write_durably(path, MAGIC + json.dumps(fields).encode() + b"\n" + body)
+                                  "keys": keys, "items": items, "body_bytes": body_bytes}
+        fields["sha256"] = _checksum(fields, parts)
+        write_durably(path, MAGIC + json.dumps(fields).encode() + b"\n", *parts)
         return SnapshotInfo(boundary=boundary, worker=worker, tick=tick, keys=keys, items=items,
-                            body_bytes=len(body), sha256=fields["sha256"])
+                            body_bytes=body_bytes, sha256=fields["sha256"])
+
+
+def _bucket(name: str, h: int, key: Hashable, entries: Entries) -> list[Any]:
+    """One bucket as a snapshot file's chunk holds it."""
+    return [name, [[h, key, [[gt.ts, gt.front, list(trace), payload] for (gt, trace), payload in entries]]]]
 
 
 def _state(chunks: Iterable[tuple[Any, bytes | None]]) -> tuple[WorkerState, Encoded]:
@@ -142,12 +162,14 @@ def _state(chunks: Iterable[tuple[Any, bytes | None]]) -> tuple[WorkerState, Enc
     return state, encoded
 
 
-def _checksum(fields: dict[str, Any], body: bytes) -> str:
-    """SHA-256 of the header's fields (all but the checksum, in a canonical form) and the body (format 2)."""
+def _checksum(fields: dict[str, Any], body: Iterable[bytes]) -> str:
+    """SHA-256 of the header's fields (all but the checksum, in a canonical form) and the body, given in parts
+    (format 2)."""
     canonical = json.dumps({k: v for k, v in fields.items() if k != "sha256"}, sort_keys=True,
                            separators=(",", ":")).encode()
     digest = hashlib.sha256(canonical + b"\n")
-    digest.update(body)
+    for part in body:
+        digest.update(part)
     return digest.hexdigest()
 
 
@@ -195,7 +217,7 @@ def read_snapshot_encoded(path: Path, *, chunks: bool = True) -> tuple[SnapshotI
     if len(body) > info.body_bytes:
         raise SnapshotError(f"snapshot {path} is corrupted: {len(body) - info.body_bytes} bytes after its "
                             f"{info.body_bytes}-byte body")
-    expected = hashlib.sha256(body).hexdigest() if fields["version"] == 1 else _checksum(fields, body)
+    expected = hashlib.sha256(body).hexdigest() if fields["version"] == 1 else _checksum(fields, (body,))
     if expected != info.sha256:
         raise SnapshotError(f"snapshot {path} is corrupted: its checksum does not match")
     try:
