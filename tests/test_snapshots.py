@@ -335,11 +335,11 @@ def test_an_image_of_a_growing_posting_list_writes_each_version_exactly(tmp_path
     monkeypatch.setattr(values.PartWriter, "encode", counting)
     monkeypatch.setattr(snapshots, "REUSE_ABOVE", 512)
     image = SnapshotImage()
-    postings: Any = {}
+    index: Any = None
     for i in range(400):
         posting = ("posting", "мяч", str(1000 + i), (i, i + 3))
-        postings = inverted_index._applied(postings, posting)
-        entries: Entries = [((GlobalTime(10 + i, 0), (i,)), ("index", "мяч", postings, posting))]
+        (index,) = inverted_index.combine((posting,) if index is None else (index, posting))
+        entries: Entries = [((GlobalTime(10 + i, 0), (i,)), index)]
         image.update({"by_word": [(42, (42, "мяч"), entries)], "revisions": []})
         if i % 50 == 49:
             path = snapshot_path(tmp_path, GlobalTime(11 + i, 0), 0)
