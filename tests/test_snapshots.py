@@ -346,3 +346,22 @@ def test_an_image_of_a_growing_posting_list_writes_each_version_exactly(tmp_path
             image.write(path, boundary=GlobalTime(11 + i, 0), worker=0, tick=1)
             assert read_snapshot(path)[1] == {"by_word": [(42, (42, "мяч"), entries)], "revisions": []}
     assert len(reused) > 350 and reused[-1] > SHARDS  # every shard, and the positions of the posting
+
+
+def test_a_bucket_that_shrinks_below_the_reuse_size_and_grows_again_is_written_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket holds two versions of a word until a trim drops the older one, so its chunk crosses
+    ``REUSE_ABOVE`` both ways; what the image keeps of an encoding must never be applied to another chunk."""
+    monkeypatch.setattr(snapshots, "REUSE_ABOVE", 2048)
+    image = SnapshotImage()
+    index: Any = None
+    versions: list[Any] = []
+    for i in range(300):
+        posting = ("posting", "мяч", str(1000 + i), (i, i + 3))
+        (index,) = inverted_index.combine((posting,) if index is None else (index, posting))
+        versions = [*versions[-1:], ((GlobalTime(10 + i, 0), (i,)), index)]
+        entries: Entries = versions if i % 3 else versions[-1:]  # trimmed every third step
+        image.update({"by_word": [(42, (42, "мяч"), entries)]})
+        path = snapshot_path(tmp_path, GlobalTime(11 + i, 0), 0)
+        image.write(path, boundary=GlobalTime(11 + i, 0), worker=0, tick=1)
+        assert read_snapshot(path)[1] == {"by_word": [(42, (42, "мяч"), entries)]}, f"version {i}"

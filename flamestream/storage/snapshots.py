@@ -86,7 +86,9 @@ class SnapshotImage:
 
     def __init__(self) -> None:
         self._groupings: Encoded = {}
-        self._parts: dict[str, dict[Hashable, values.Parts]] = {}
+        self._parts: dict[str, dict[Hashable, tuple[bytes, values.Parts]]] = {}
+        """The parts of the buckets last encoded by ``_writer``, each with the very chunk they index: a bucket
+        encoded whole since has another chunk, and offsets into one chunk applied to another write garbage."""
         self._writer = values.PartWriter()
 
     def update(self, changes: WorkerState, known: Encoded | None = None) -> None:
@@ -104,16 +106,16 @@ class SnapshotImage:
             fresh = []
             for h, key, entries in buckets:
                 held = image.get(key)
+                last = parts.pop(key, None)
                 if not entries:
                     image.pop(key, None)
-                    parts.pop(key, None)
                 elif key in given:
                     image[key] = given[key]
-                    parts.pop(key, None)
                 elif held is not None and len(held[0]) >= REUSE_ABOVE:
-                    chunk, parts[key] = self._writer.encode(_bucket(name, h, key, entries),
-                                                            (held[0], parts.get(key, {})))
+                    reusable = last if last is not None and last[0] is held[0] else (held[0], {})
+                    chunk, found = self._writer.encode(_bucket(name, h, key, entries), reusable)
                     image[key] = (chunk, len(entries))
+                    parts[key] = (chunk, found)
                 else:
                     fresh.append((h, key, entries))
             chunks = values.encode_each(_bucket(name, h, key, entries) for h, key, entries in fresh)
