@@ -365,3 +365,44 @@ def test_a_bucket_that_shrinks_below_the_reuse_size_and_grows_again_is_written_e
         path = snapshot_path(tmp_path, GlobalTime(11 + i, 0), 0)
         image.write(path, boundary=GlobalTime(11 + i, 0), worker=0, tick=1)
         assert read_snapshot(path)[1] == {"by_word": [(42, (42, "мяч"), entries)]}, f"version {i}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=25))
+def test_an_image_through_any_sequence_of_changes_writes_exactly_the_state(
+        tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, int, int]]) -> None:
+    """Random reports on a few keys — a new version sharing all shards but one with the last, that shard grown or
+    emptied; the last two versions (untrimmed) or one; a removal — with sizes on both sides of ``REUSE_ABOVE``,
+    and after each, the written file reads back as the state the reports add up to."""
+    path = tmp_path_factory.mktemp("image") / "worker-0.snap"
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(snapshots, "REUSE_ABOVE", 300)
+    try:
+        image = SnapshotImage()
+        shards: dict[int, list[dict[str, tuple[int, ...]]]] = {}
+        last: dict[int, Any] = {}
+        state: dict[Any, tuple[int, Entries]] = {}
+        for n, (key, action, grow) in enumerate(steps):
+            at = GlobalTime(100 + n, 0)
+            if action == 0:
+                entries: Entries = []
+                shards.pop(key, None)
+                last.pop(key, None)
+            else:
+                mine = shards.setdefault(key, [{} for _ in range(4)])
+                changed = {} if action == 3 else dict(mine[grow % 4])
+                changed.update({f"page{n}-{i}": (n, i) for i in range(grow)})
+                mine[grow % 4] = changed
+                version = ((at, (n,)), ("index", f"w{key}", tuple(mine), ("posting", f"w{key}", f"page{n}", (n,))))
+                entries = [last[key], version] if action == 1 and key in last else [version]
+                last[key] = version
+            image.update({"g": [(key, (key, f"w{key}"), entries)]})
+            if entries:
+                state[(key, f"w{key}")] = (key, entries)
+            else:
+                state.pop((key, f"w{key}"), None)
+            image.write(path, boundary=at, worker=0, tick=1)
+            _info, back = read_snapshot(path)
+            assert by_key(back) == {"g": state}
+    finally:
+        monkey.undo()
