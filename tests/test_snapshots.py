@@ -13,14 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from examples import inverted_index
-from examples.inverted_index import SHARDS
 from flamestream.core import values
 from flamestream.core.front import stamp_inputs
 from flamestream.core.grouping import Entries
 from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.meta import GlobalTime
 from flamestream.core.worker import WorkerState
-from flamestream.storage import snapshots
 from flamestream.storage.snapshots import (
     SnapshotError,
     SnapshotImage,
@@ -269,140 +267,37 @@ def test_the_snapshot_stride_keeps_snapshots_within_their_cpu_share() -> None:
     assert [snapshot_stride(cpu, 1.0, 0.1, 4) for cpu in (0.39, 0.15, 0.09, 0.04, 0.0)] == [4, 4, 2, 1, 1]
 
 
-def _run_of(encoded: bytes, start: int, end: int) -> Any:
-    """The value the opcodes ``encoded[start:end]`` write, as a pickle of its own."""
-    return values.decode(pickle.PROTO + b"\x05" + encoded[start:end] + pickle.STOP)
-
-
-@settings(max_examples=200, deadline=None)
-@given(old=st.lists(value_st, max_size=6), new=st.lists(value_st, max_size=6), keep=st.lists(st.booleans(), max_size=6))
-def test_a_value_written_reusing_its_previous_version_decodes_exactly(old: list[Any], new: list[Any],
-                                                                      keep: list[bool]) -> None:
-    """A next version shares some parts (the very objects) with the one before and has new ones: written by
-    ``PartWriter`` reusing the first encoding, it decodes to exactly itself, and each part it records is the run
-    of opcodes of that part."""
-    first = ["grouping", [[1, ("key", 1), [[5, 0, [1], (tuple(old), {"n": len(old)})]]]]]
-    mixed = [kept if reuse else fresh for kept, fresh, reuse in zip(old, new, keep, strict=False)] + new[len(old):]
-    second = ["grouping", [[1, ("key", 1), [[6, 0, [1, 2], (tuple(mixed), {"n": len(mixed)})], [7, 0, [], mixed]]]]]
-    writer = values.PartWriter()
-    encoded, parts = writer.encode(first)
-    assert same(values.decode(encoded), first)
-    again, parts = writer.encode(second, (encoded, parts))
-    assert same(values.decode(again), second)
-    for part, start, end in parts.values():
-        assert same(_run_of(again, start, end), part)
-
-
-def test_a_part_is_taken_from_the_previous_encoding_by_identity_not_written_again() -> None:
-    """What makes the reuse pay, shown by a previous encoding that says something else for the part: the next one
-    copies those bytes (business logic never mutates a payload, so the same object is the same value)."""
-    shard = {"page": (1, 2)}
-    writer = values.PartWriter()
-    decoy, decoy_parts = writer.encode(("index", {"other": (3,)}))
-    (_other, start, end), = decoy_parts.values()
-    encoded, _parts = writer.encode(("index", "word", shard), (decoy, {id(shard): (shard, start, end)}))
-    assert values.decode(encoded) == ("index", "word", {"other": (3,)})
-    equal = dict(shard)
-    fresh, _parts = writer.encode(("index", "word", shard), (decoy, {id(equal): (equal, start, end)}))
-    assert values.decode(fresh) == ("index", "word", shard)  # an equal but other object is written anew
-
-
-def test_what_cannot_be_cut_into_runs_is_written_whole() -> None:
-    """A string of 64 KiB or more is written outside the pickler's frames, and a part met a million times over
-    spills past the fast limit: both fall back to ``encode``, and decode exactly."""
-    big = ("x" * 70_000, {"a": 1})
-    encoded, parts = values.PartWriter().encode([big, [big]])
-    assert values.decode(encoded) == [big, [big]] and parts == {}
-    shard = {f"page{i}": tuple(range(40)) for i in range(100)}
-    many = [[shard] * 1000] * 10
-    encoded, parts = values.PartWriter().encode(many)
-    assert values.decode(encoded) == many and parts == {} and len(encoded) < values.FAST_LIMIT
-
-
-def test_an_image_of_a_growing_posting_list_writes_each_version_exactly(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """An inverted-index word through many versions (one dict, then shards that a new page copies one of), each
-    taken into the image and written: every file reads back as that version, and the large ones were written
-    reusing the previous version's runs."""
-    reused = []
-    encode = values.PartWriter.encode
-
-    def counting(self: values.PartWriter, value: Any, before: Any = None) -> Any:
-        encoded, parts = encode(self, value, before)
-        reused.append(len(parts))
-        return encoded, parts
-
-    monkeypatch.setattr(values.PartWriter, "encode", counting)
-    monkeypatch.setattr(snapshots, "REUSE_ABOVE", 512)
-    image = SnapshotImage()
-    index: Any = None
-    for i in range(400):
-        posting = ("posting", "мяч", str(1000 + i), (i, i + 3))
-        (index,) = inverted_index.combine((posting,) if index is None else (index, posting))
-        entries: Entries = [((GlobalTime(10 + i, 0), (i,)), index)]
-        image.update({"by_word": [(42, (42, "мяч"), entries)], "revisions": []})
-        if i % 50 == 49:
-            path = snapshot_path(tmp_path, GlobalTime(11 + i, 0), 0)
-            image.write(path, boundary=GlobalTime(11 + i, 0), worker=0, tick=1)
-            assert read_snapshot(path)[1] == {"by_word": [(42, (42, "мяч"), entries)], "revisions": []}
-    assert len(reused) > 350 and reused[-1] > SHARDS  # every shard, and the positions of the posting
-
-
-def test_a_bucket_that_shrinks_below_the_reuse_size_and_grows_again_is_written_exactly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bucket holds two versions of a word until a trim drops the older one, so its chunk crosses
-    ``REUSE_ABOVE`` both ways; what the image keeps of an encoding must never be applied to another chunk."""
-    monkeypatch.setattr(snapshots, "REUSE_ABOVE", 2048)
-    image = SnapshotImage()
-    index: Any = None
-    versions: list[Any] = []
-    for i in range(300):
-        posting = ("posting", "мяч", str(1000 + i), (i, i + 3))
-        (index,) = inverted_index.combine((posting,) if index is None else (index, posting))
-        versions = [*versions[-1:], ((GlobalTime(10 + i, 0), (i,)), index)]
-        entries: Entries = versions if i % 3 else versions[-1:]  # trimmed every third step
-        image.update({"by_word": [(42, (42, "мяч"), entries)]})
-        path = snapshot_path(tmp_path, GlobalTime(11 + i, 0), 0)
-        image.write(path, boundary=GlobalTime(11 + i, 0), worker=0, tick=1)
-        assert read_snapshot(path)[1] == {"by_word": [(42, (42, "мяч"), entries)]}, f"version {i}"
-
-
 @settings(max_examples=200, deadline=None)
 @given(steps=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=25))
 def test_an_image_through_any_sequence_of_changes_writes_exactly_the_state(
         tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, int, int]]) -> None:
-    """Random reports on a few keys — a new version sharing all shards but one with the last, that shard grown or
-    emptied; the last two versions (untrimmed) or one; a removal — with sizes on both sides of ``REUSE_ABOVE``,
-    and after each, the written file reads back as the state the reports add up to."""
+    """Random reports on two keys — a new version sharing all shards but one with the last, that shard grown or
+    emptied; the last two versions (untrimmed) or one; a removal — and after each, the written file reads back as
+    the state the reports add up to."""
     path = tmp_path_factory.mktemp("image") / "worker-0.snap"
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(snapshots, "REUSE_ABOVE", 300)
-    try:
-        image = SnapshotImage()
-        shards: dict[int, list[dict[str, tuple[int, ...]]]] = {}
-        last: dict[int, Any] = {}
-        state: dict[Any, tuple[int, Entries]] = {}
-        for n, (key, action, grow) in enumerate(steps):
-            at = GlobalTime(100 + n, 0)
-            if action == 0:
-                entries: Entries = []
-                shards.pop(key, None)
-                last.pop(key, None)
-            else:
-                mine = shards.setdefault(key, [{} for _ in range(4)])
-                changed = {} if action == 3 else dict(mine[grow % 4])
-                changed.update({f"page{n}-{i}": (n, i) for i in range(grow)})
-                mine[grow % 4] = changed
-                version = ((at, (n,)), ("index", f"w{key}", tuple(mine), ("posting", f"w{key}", f"page{n}", (n,))))
-                entries = [last[key], version] if action == 1 and key in last else [version]
-                last[key] = version
-            image.update({"g": [(key, (key, f"w{key}"), entries)]})
-            if entries:
-                state[(key, f"w{key}")] = (key, entries)
-            else:
-                state.pop((key, f"w{key}"), None)
-            image.write(path, boundary=at, worker=0, tick=1)
-            _info, back = read_snapshot(path)
-            assert by_key(back) == {"g": state}
-    finally:
-        monkey.undo()
+    image = SnapshotImage()
+    shards: dict[int, list[dict[str, tuple[int, ...]]]] = {}
+    last: dict[int, Any] = {}
+    state: dict[Any, tuple[int, Entries]] = {}
+    for n, (key, action, grow) in enumerate(steps):
+        at = GlobalTime(100 + n, 0)
+        if action == 0:
+            entries: Entries = []
+            shards.pop(key, None)
+            last.pop(key, None)
+        else:
+            mine = shards.setdefault(key, [{} for _ in range(4)])
+            changed = {} if action == 3 else dict(mine[grow % 4])
+            changed.update({f"page{n}-{i}": (n, i) for i in range(grow)})
+            mine[grow % 4] = changed
+            version = ((at, (n,)), ("index", f"w{key}", tuple(mine), ("posting", f"w{key}", f"page{n}", (n,))))
+            entries = [last[key], version] if action == 1 and key in last else [version]
+            last[key] = version
+        image.update({"g": [(key, (key, f"w{key}"), entries)]})
+        if entries:
+            state[(key, f"w{key}")] = (key, entries)
+        else:
+            state.pop((key, f"w{key}"), None)
+        image.write(path, boundary=at, worker=0, tick=1)
+        _info, back = read_snapshot(path)
+        assert by_key(back) == {"g": state}

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from flamestream.core import values
-from flamestream.core.grouping import Entries
 from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.worker import WorkerState
 from flamestream.storage.log import write_durably
@@ -58,10 +57,6 @@ class SnapshotInfo:
 Encoded = dict[str, dict[Hashable, tuple[bytes, int]]]
 """Grouping name -> bucket key -> (the bucket's encoded chunk, items in it): a snapshot's buckets as written."""
 
-REUSE_ABOVE = 4096
-"""Bytes of a bucket's chunk from which its next encoding reuses the parts it still shares (``SnapshotImage``):
-below it, cutting a bucket into parts costs more than pickling it whole."""
-
 
 def snapshot_dir(data_dir: Path, boundary: GlobalTime) -> Path:
     return data_dir / "snapshots" / boundary_name(boundary)
@@ -86,39 +81,27 @@ class SnapshotImage:
 
     def __init__(self) -> None:
         self._groupings: Encoded = {}
-        self._parts: dict[str, dict[Hashable, tuple[bytes, values.Parts]]] = {}
-        """The parts of the buckets last encoded by ``_writer``, each with the very chunk they index: a bucket
-        encoded whole since has another chunk, and offsets into one chunk applied to another write garbage."""
-        self._writer = values.PartWriter()
 
     def update(self, changes: WorkerState, known: Encoded | None = None) -> None:
         """Apply a change report: a bucket with entries replaces what the image held for its key, one
         without removes it; a grouping the report names exists even if it has no buckets.  A bucket whose
         chunk ``known`` holds (one just read from a snapshot with those very entries) takes that chunk as it
         is: a worker that took a snapshot over reports its whole state once, and encoding it again took as
-        long as decoding it (2 s for 89 MB of inverted index).  A bucket whose previous chunk took
-        ``REUSE_ABOVE`` bytes or more is encoded reusing that chunk's bytes for the parts its payloads still
-        share (``values.PartWriter``)."""
+        long as decoding it (2 s for 89 MB of inverted index)."""
         for name, buckets in changes.items():
             image = self._groupings.setdefault(name, {})
-            parts = self._parts.setdefault(name, {})
             given = known.get(name, {}) if known is not None else {}
             fresh = []
             for h, key, entries in buckets:
-                held = image.get(key)
-                last = parts.pop(key, None)
                 if not entries:
                     image.pop(key, None)
                 elif key in given:
                     image[key] = given[key]
-                elif held is not None and len(held[0]) >= REUSE_ABOVE:
-                    reusable = last if last is not None and last[0] is held[0] else (held[0], {})
-                    chunk, found = self._writer.encode(_bucket(name, h, key, entries), reusable)
-                    image[key] = (chunk, len(entries))
-                    parts[key] = (chunk, found)
                 else:
                     fresh.append((h, key, entries))
-            chunks = values.encode_each(_bucket(name, h, key, entries) for h, key, entries in fresh)
+            chunks = values.encode_each([name, [[h, key, [[gt.ts, gt.front, list(trace), payload]
+                                                          for (gt, trace), payload in entries]]]]
+                                        for h, key, entries in fresh)
             for (_h, key, entries), chunk in zip(fresh, chunks, strict=True):
                 image[key] = (chunk, len(entries))
 
@@ -139,11 +122,6 @@ class SnapshotImage:
         write_durably(path, MAGIC + json.dumps(fields).encode() + b"\n", *parts)
         return SnapshotInfo(boundary=boundary, worker=worker, tick=tick, keys=keys, items=items,
                             body_bytes=body_bytes, sha256=fields["sha256"])
-
-
-def _bucket(name: str, h: int, key: Hashable, entries: Entries) -> list[Any]:
-    """One bucket as a snapshot file's chunk holds it."""
-    return [name, [[h, key, [[gt.ts, gt.front, list(trace), payload] for (gt, trace), payload in entries]]]]
 
 
 def _state(chunks: Iterable[tuple[Any, bytes | None]]) -> tuple[WorkerState, Encoded]:
