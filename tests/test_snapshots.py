@@ -267,7 +267,7 @@ def test_the_snapshot_stride_keeps_snapshots_within_their_cpu_share() -> None:
     assert [snapshot_stride(cpu, 1.0, 0.1, 4) for cpu in (0.39, 0.15, 0.09, 0.04, 0.0)] == [4, 4, 2, 1, 1]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(steps=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=25))
 def test_an_image_through_any_sequence_of_changes_writes_exactly_the_state(
         tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, int, int]]) -> None:
