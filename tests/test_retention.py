@@ -597,3 +597,61 @@ def corrupt_handover(store: ClusterStore, data: Path, number: int, corrupted: li
         f.seek(-7, os.SEEK_END)
         f.write(bytes([byte[0] ^ 0x40]))
     corrupted.append(path)
+
+
+class RecoveryStore(FakeStore):
+    """What a restarted worker reads ahead from: one published tick (0, two workers) and its snapshots."""
+
+    def __init__(self, tick: dict[str, Any]) -> None:
+        super().__init__()
+        self.tick0 = tick
+
+    def ticks(self) -> list[tuple[int, dict[str, Any]]]:
+        return [(0, self.tick0)]
+
+    def tick(self, n: int) -> dict[str, Any] | None:
+        return self.tick0 if n == 0 else None
+
+    def complete_snapshots(self, tick: int, workers: int) -> list[str]:
+        return sorted((name for name, files in self.registered.items() if len(files) == workers),
+                      key=lambda name: tuple(map(int, name.split("-"))))
+
+
+def test_a_restarted_worker_reads_ahead_the_state_its_recovery_tick_takes_over(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``read_ahead``: started as the node registers, it reads the last complete snapshot; the recovery tick from
+    that snapshot takes the result as it is, and a tick from any other start (a snapshot completed meanwhile) or a
+    tick that is no recovery reads its own."""
+    import asyncio
+    from dataclasses import replace
+
+    from flamestream.core.tick import Tick
+
+    graph = wordcount.graph()
+    stamped = stamp_inputs(LINES, 2, per_ms=2)
+    older, at = stamped[40][1], stamped[90][1]
+    tick0 = Tick(number=0, start=GlobalTime(0, 0), graph=graph.to_dict(), layout=Layout.even(2),
+                 workers=("a", "b"), acker="c")
+    store = RecoveryStore(tick0.to_dict())
+    write_complete(tmp_path, store, state_at(graph, stamped, older), older)
+    write_complete(tmp_path, store, state_at(graph, stamped, at), at)
+    store.registered[boundary_name(GlobalTime(at.ts + 1000, 0))] = {"worker0": {"path": "only one: incomplete"}}
+    recovery = replace(tick0, number=1, start=at, previous=0, recovery=True)
+
+    async def read(tick: Tick) -> Any:
+        service = WorkerService(0, LocalEndpoints(), store, tmp_path)  # type: ignore[arg-type]
+        service.read_ahead(0)
+        return await service._read_ahead_for(tick), service._ahead
+
+    loaded, left = asyncio.run(read(recovery))
+    assert loaded is not None and left is None  # taken once
+    service = WorkerService(0, LocalEndpoints(), store, tmp_path)  # type: ignore[arg-type]
+    state, files, how, known = service._handed_over(recovery, 0, tick0.to_dict(), [boundary_name(at)])
+    assert (comparable(loaded[0]), loaded[1:3]) == (comparable(state), (files, how)) and files == 1
+    assert loaded[3] == known and known
+
+    with caplog.at_level(logging.INFO):
+        assert asyncio.run(read(replace(recovery, start=older)))[0] is None
+        assert asyncio.run(read(replace(recovery, recovery=False)))[0] is None
+    said = [r.getMessage() for r in caplog.records]
+    assert any(f"does not take over what was read ahead (tick 0 below {boundary_name(at)})" in m for m in said), said
