@@ -26,7 +26,6 @@ import operator
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from itertools import compress, repeat
 from operator import itemgetter
 from pathlib import Path
@@ -45,7 +44,6 @@ from flamestream.core.meta import GlobalTime, boundary_name, boundary_of
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.core.worker import Worker, WorkerState, front_envelopes, merge_states
-from flamestream.runtime import recovery
 from flamestream.runtime.channels import Channels, LocalEndpoints
 from flamestream.runtime.heap import loading_state
 from flamestream.runtime.hosting import StreamBroken
@@ -173,29 +171,6 @@ def _meets(layout: Layout, member: str, lo: int, hi: int) -> bool:
     return first <= hi and lo <= last
 
 
-Loaded = tuple[WorkerState, int, str, Encoded | None]
-"""What ``WorkerService._handed_over`` returns: the state, files read, how it was obtained, the chunks as read."""
-
-
-@dataclass
-class _ReadAhead:
-    """A restarted worker's guess at the state its recovery tick will take over, read while that tick is awaited.
-
-    Why: a recovery restarts every node, and each waits for the last of them
-    before the recovery tick is published (0.3-1.1 s in a 10-minute chaos
-    run of the inverted index); then each read its snapshot (up to 2.7 s for
-    108 MB, nearly all of it decoding).  The tick's start is no surprise: it is
-    ``recovery.recovery_start`` on the registrations the worker sees as it
-    starts.  So the worker reads that snapshot while it waits, and takes the
-    result only if the tick names the same previous tick, start and layout —
-    anything else (a snapshot completed in between) is read as usual.
-    """
-
-    guess: tuple[int, GlobalTime, Layout] | None = None
-    """(previous tick, start, layout) of the state being read; None until the thread knows it."""
-    task: asyncio.Task[Loaded | None] | None = None
-
-
 class _Deployment:
     """One tick on this worker: its core, its streams, and the envelopes waiting for its state."""
 
@@ -257,48 +232,6 @@ class WorkerService(rpc.WorkerServicer):
         self._swept_ticks = 0
         """Ticks below this number have had their snapshots deleted by ``_retain`` (none are written any more)."""
         self.supervisor: Supervisor | None = None
-        self._ahead: _ReadAhead | None = None
-
-    def read_ahead(self, latest: int) -> None:
-        """This process restarted while tick ``latest`` ran: start reading the state its recovery tick will most
-        likely take over (``_ReadAhead``)."""
-        if self.store is not None and self.data_dir is not None:
-            ahead = self._ahead = _ReadAhead()
-            ahead.task = asyncio.create_task(asyncio.to_thread(self._read_ahead, ahead, latest),
-                                             name=f"{self.name}: read ahead")
-
-    def _read_ahead(self, ahead: _ReadAhead, latest: int) -> Loaded | None:
-        """In a thread: the guess's state, or None if there is nothing to guess or reading failed (the take-over
-        then reads, and reports, as usual)."""
-        assert self.store is not None
-        try:
-            start, previous = recovery.recovery_start(self.store)
-            data, latest_data = self.store.tick(previous) if previous is not None else None, self.store.tick(latest)
-            if previous is None or data is None or latest_data is None:
-                return None
-            tick = replace(Tick.from_dict({**latest_data, "number": latest}), start=start, previous=previous)
-            if self.index >= len(tick.workers):
-                return None
-            ahead.guess = (previous, start, tick.layout)
-            complete = self.store.complete_snapshots(previous, len(data["workers"]))
-            with loading_state():
-                return self._handed_over(tick, previous, data, complete)
-        except Exception as exc:  # a guess: whatever went wrong, the take-over meets it again and says so
-            self.log.info("reading ahead for the recovery tick failed (%r); its take-over reads as usual", exc)
-            return None
-
-    async def _read_ahead_for(self, tick: Tick) -> Loaded | None:
-        """What was read ahead, if it is the state ``tick`` takes over (once: the read-ahead is then dropped)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None or ahead.task is None or not tick.recovery:
-            return None
-        if ahead.guess is None or ahead.guess == (tick.previous, tick.start, tick.layout):
-            loaded = await ahead.task
-            if loaded is not None and ahead.guess == (tick.previous, tick.start, tick.layout):
-                return loaded
-        self.log.info("tick %d does not take over what was read ahead (%s); reading its own", tick.number,
-                      "nothing" if ahead.guess is None else f"tick {ahead.guess[0]} below {boundary_name(ahead.guess[1])}")
-        return None
 
     async def close(self) -> None:
         """End every stream of every deployment (bounded waits), so nothing written is cancelled in flight."""
@@ -433,10 +366,7 @@ class WorkerService(rpc.WorkerServicer):
                 self.log.warning("tick %d still waits for the snapshot of tick %d below %s: %d of %d workers",
                                  tick.number, previous, boundary, len(registered), workers)
         waited = time.monotonic() - started
-        ahead = await self._read_ahead_for(tick)
-        files, source = await asyncio.to_thread(self._take_over, deployment, previous, data, complete, ahead)
-        if ahead is not None:
-            source += ", read ahead while the tick was awaited"
+        files, source = await asyncio.to_thread(self._take_over, deployment, previous, data, complete)
         async with self.lock:
             deployment.restored.set()
             self.log.info("tick %d took over the state of tick %d below %s (%d files%s, waited %.2fs, loaded in "
@@ -447,11 +377,10 @@ class WorkerService(rpc.WorkerServicer):
                 await self._process(deployment, envelopes, acks)
 
     def _take_over(self, deployment: _Deployment, previous: int, data: dict[str, Any],
-                   complete: list[str], loaded: Loaded | None = None) -> tuple[int, str]:
-        """Load ``deployment``'s state (``_handed_over``, unless ``loaded`` is what it returns, read ahead) into its
-        core and its snapshot image; (files read, how the state was obtained).  In a thread, so the event loop runs
-        on (a hand-over's previous tick, health checks); nothing else touches the deployment's core before it is
-        restored.
+                   complete: list[str]) -> tuple[int, str]:
+        """Load ``deployment``'s state (``_handed_over``) into its core and its snapshot image; (files read, how
+        the state was obtained).  In a thread, so the event loop runs on (a hand-over's previous tick, health
+        checks); nothing else touches the deployment's core before it is restored.
 
         The image starts as the whole restored state, in the chunks just read
         where the state came straight from a snapshot: the next periodic
@@ -459,12 +388,13 @@ class WorkerService(rpc.WorkerServicer):
         """
         assert deployment.image is not None
         with loading_state():
-            state, files, source, known = loaded or self._handed_over(deployment.tick, previous, data, complete)
+            state, files, source, known = self._handed_over(deployment.tick, previous, data, complete)
             deployment.core.restore(state)
             deployment.image.update(deployment.core.snapshot_changes(deployment.tick.start), known)
         return files, source
 
-    def _handed_over(self, tick: Tick, previous: int, data: dict[str, Any], complete: list[str]) -> Loaded:
+    def _handed_over(self, tick: Tick, previous: int, data: dict[str, Any],
+                     complete: list[str]) -> tuple[WorkerState, int, str, Encoded | None]:
         """The state of tick ``previous`` below ``tick.start`` T that this worker needs: (state, files read, how it
         was obtained, the chunks of the files' buckets where the state came straight from them).
 
@@ -904,10 +834,7 @@ class WorkerRole:
         await self.service.apply_tick(tick)
 
     def skip_through(self, tick: int) -> None:
-        """Ticks reach this role only through ``deploy``, which the node filters; the state the recovery tick will
-        take over is read meanwhile."""
-        assert self.service is not None
-        self.service.read_ahead(tick)
+        """Ticks reach this role only through ``deploy``, which the node filters."""
 
     async def close(self) -> None:
         assert self.service is not None

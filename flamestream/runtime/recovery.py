@@ -99,10 +99,9 @@ def _complete(tick: Tick, roster: dict[tuple[str, str], dict[str, Any]]) -> bool
         partitions >= {p for p, _ in tick.barriers}
 
 
-def recovery_start(store: ClusterStore) -> tuple[GlobalTime, int | None]:
-    """Where a recovery tick starts: the boundary of the last complete snapshot after the state's origin (the
-    latest tick that started empty: nothing before it counts), and the tick that wrote it (None: none did, the
-    recovery starts empty at the origin's start).  Also what a restarted worker reads ahead (``WorkerService``)."""
+def recovery_tick(store: ClusterStore, tick: Tick, roster: dict[tuple[str, str], dict[str, Any]]) -> Tick:
+    """``tick`` again, on the restarted processes' addresses, from the last complete snapshot after its state's
+    origin (the latest tick that started empty: nothing before it counts)."""
     ticks = [Tick.from_dict({**data, "number": n}) for n, data in store.ticks()]
     origin = max((t for t in ticks if t.previous is None), key=lambda t: t.number, default=ticks[0])
     best: tuple[GlobalTime, int] | None = None
@@ -114,12 +113,7 @@ def recovery_start(store: ClusterStore) -> tuple[GlobalTime, int | None]:
             # ``>=``: of two ticks that registered one boundary, the later wrote the files now in its directory.
             if boundary >= origin.start and (best is None or boundary >= best[0]):
                 best = (boundary, t.number)
-    return best if best is not None else (origin.start, None)
-
-
-def recovery_tick(store: ClusterStore, tick: Tick, roster: dict[tuple[str, str], dict[str, Any]]) -> Tick:
-    """``tick`` again, on the restarted processes' addresses, from ``recovery_start``."""
-    start, previous = recovery_start(store)
+    start, previous = best if best is not None else (origin.start, None)
     address = {(kind, name): str(info["address"]) for (kind, name), info in roster.items()}
     workers = {int(info["index"]): address[member] for member, info in roster.items() if member[0] == WORKER}
     barriers = {int(p): address[member] for member, info in roster.items() if member[0] == BARRIER
