@@ -17,11 +17,20 @@ copying its whole dict for every new page made combine quadratic (0.16 ms a
 posting at 12,000 pages, a fifth of a node's CPU in a 10-minute run); now a
 posting copies one shard.  Which shard a page goes to is ``zlib.crc32`` of its
 id — the same in every process, as a restored snapshot needs.
+
+A posting's positions travel and are kept packed (``packed``: 4 bytes each in
+one ``bytes``), not as a tuple of ints: a tuple of positions is one object per
+position past 256, and decoding a worker's snapshot builds every one of them.
+On a 10-minute run's index (2.3M postings, 4.9M positions, 43 MB) packed
+positions decoded in 0.72 s instead of 1.58 s and encoded in 0.33 s instead of
+0.46 s; a restarted worker decodes the whole state before it processes again,
+and periodic snapshots encode every changed word.  The changelog unpacks them.
 """
 
 from __future__ import annotations
 
 import re
+import struct
 import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Iterator
@@ -34,10 +43,10 @@ WORD = re.compile(r"\w+")
 STRESS_MARK = "\u0301"
 
 Page = dict[str, str]
-Posting = tuple[str, str, str, tuple[int, ...] | None]
-"""("posting", word, page id, positions or None when the word left the page)."""
-Postings = dict[str, tuple[int, ...]]
-"""Page id -> the word's positions on it."""
+Posting = tuple[str, str, str, bytes | None]
+"""("posting", word, page id, positions ``packed``, or None when the word left the page)."""
+Postings = dict[str, bytes]
+"""Page id -> the word's positions on it, ``packed``."""
 Index = tuple[str, str, Postings | tuple[Postings, ...], Posting, int]
 """("index", word, its postings — one dict, or ``SHARDS`` of them —, the posting that produced this version, how
 many pages the word is on).  The count rides along because summing the shards' sizes for every changelog record
@@ -75,13 +84,23 @@ def positions(page: Page) -> dict[str, tuple[int, ...]]:
     return {w: tuple(p) for w, p in found.items()}
 
 
+def packed(where: tuple[int, ...]) -> bytes:
+    """Positions as 4-byte little-endian unsigned ints, the same bytes on every machine (see the module
+    docstring for why)."""
+    return struct.pack(f"<{len(where)}I", *where)
+
+
+def unpacked(where: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(where) // 4}I", where))
+
+
 def diff_revisions(window: tuple[Page, ...]) -> list[Posting]:
     """(page,) posts every word; (previous, page) posts only what the revision changed."""
     page = window[-1]
     new = positions(page)
     old = positions(window[0]) if len(window) == 2 else {}
     pid = page["id"]
-    out: list[Posting] = [("posting", w, pid, p) for w, p in new.items() if old.get(w) != p]
+    out: list[Posting] = [("posting", w, pid, packed(p)) for w, p in new.items() if old.get(w) != p]
     out.extend(("posting", w, pid, None) for w in old if w not in new)
     return out
 
@@ -129,7 +148,7 @@ def _applied(postings: Postings | tuple[Postings, ...], pages: int,
     return tuple(sharded), pages + len(sharded[i]) - len(before)
 
 
-def _set(postings: Postings, page: str, where: tuple[int, ...] | None) -> Postings:
+def _set(postings: Postings, page: str, where: bytes | None) -> Postings:
     changed = dict(postings)
     if where is None:
         changed.pop(page, None)
@@ -146,7 +165,7 @@ def _shard(page: str) -> int:
 def changelog(index: Index) -> list[dict[str, Any]]:
     """Accumulator map: the change this version of the word's index made."""
     _, word, _postings, (_, _, page, where), pages = index
-    return [{"word": word, "page": page, "positions": None if where is None else list(where), "pages": pages}]
+    return [{"word": word, "page": page, "positions": None if where is None else unpacked(where), "pages": pages}]
 
 
 def graph() -> Graph:

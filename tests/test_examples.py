@@ -60,12 +60,12 @@ def test_a_word_on_many_pages_keeps_the_same_postings_once_they_are_sharded() ->
     """Past ``SHARD_ABOVE`` pages a word's postings split into shards; adding, changing and removing pages then
     gives the same postings and page counts as one dict would, and never touches an earlier version."""
     rng = random.Random(3)
-    reference: dict[str, tuple[int, ...]] = {}
+    reference: dict[str, bytes] = {}
     index: Any = None
-    versions: list[tuple[Any, dict[str, tuple[int, ...]]]] = []
+    versions: list[tuple[Any, dict[str, bytes]]] = []
     for step in range(3 * inverted_index.SHARD_ABOVE):
         page = str(rng.randrange(2 * inverted_index.SHARD_ABOVE))
-        where = None if step % 5 == 4 else (step, rng.randrange(100))
+        where = None if step % 5 == 4 else inverted_index.packed((step, rng.randrange(100)))
         posting = ("posting", "w", page, where)
         (index,) = inverted_index.combine((posting,) if index is None else (index, posting))
         if where is None:
@@ -86,7 +86,7 @@ def test_page_ids_that_are_not_strings_are_sharded_too() -> None:
     """``page_hash`` takes any id ``stable_hash`` does (events pushed as JSON may carry int ids)."""
     index: Any = None
     for page in range(inverted_index.SHARD_ABOVE + 2):
-        posting = ("posting", "w", page, (page,))
+        posting = ("posting", "w", page, inverted_index.packed((page,)))
         (index,) = inverted_index.combine((posting,) if index is None else (index, posting))
     assert inverted_index.changelog(index)[0]["pages"] == inverted_index.SHARD_ABOVE + 2
 
