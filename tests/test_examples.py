@@ -82,6 +82,17 @@ def test_a_word_on_many_pages_keeps_the_same_postings_once_they_are_sharded() ->
         assert merged == expected
 
 
+def test_state_from_before_positions_were_packed_reads_the_same() -> None:
+    """A redeploy hands the previous deployment's state over: an index built when positions were tuples gives the
+    same changelog record as a packed one, and a new posting applies to it."""
+    old = ("index", "w", {"1": (3, 17)}, ("posting", "w", "1", (3, 17)), 1)
+    new = inverted_index.combine((("posting", "w", "1", inverted_index.packed((3, 17))),))[0]
+    assert inverted_index.changelog(old) == inverted_index.changelog(new) == [
+        {"word": "w", "page": "1", "positions": [3, 17], "pages": 1}]
+    (after,) = inverted_index.combine((old, ("posting", "w", "2", inverted_index.packed((5,)))))
+    assert inverted_index.changelog(after) == [{"word": "w", "page": "2", "positions": [5], "pages": 2}]
+
+
 def test_page_ids_that_are_not_strings_are_sharded_too() -> None:
     """``page_hash`` takes any id ``stable_hash`` does (events pushed as JSON may carry int ids)."""
     index: Any = None
