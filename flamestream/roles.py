@@ -13,7 +13,11 @@ source of global times.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from flamestream.acker.service import STALL_TIMEOUT, AckerRole
 from flamestream.barrier.service import BarrierRole
@@ -179,16 +183,20 @@ async def serve(args: argparse.Namespace) -> int:
     return await node.run()
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> NoReturn:
     logs.configure(node_name(args), args.log_file, args.log_format, args.log_level)
     # Before any tick: workers and fronts rebuild graphs under this process's policy (the graph's own package,
     # flamestream's helpers and this node's --allow-module, never the deployer's).
     set_process_policy(Allowed.of(args.allow_module))
-    code = 0
 
     async def run() -> None:
-        nonlocal code
         code = await serve(args)
+        # Stopped: exit now.  A thread still blocked in a ZooKeeper call (ZooKeeper away, or a call kazoo left
+        # unanswered when the session closed under it) would otherwise hold the exit until its heartbeat fails,
+        # or for good; nothing the node wrote is waiting (its roles closed their files and streams).
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(code)
 
     hosting.run(run)
-    return code
+    raise AssertionError("the node's event loop ended without ending the process")

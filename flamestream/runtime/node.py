@@ -24,13 +24,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import fcntl
+import io
 import logging
 import math
 import os
 import reprlib
 import signal
+import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,6 +60,13 @@ RECOVERY_RECHECK = 10.0
 """Seconds between looks for restarted peers while the members are watched: only a safety net, since every change
 a look can act on wakes it (a member registering, a tick applied).  A look reads the latest tick and every member
 (4.6 ms of CPU); once a second it was a third of an idle node's ZooKeeper traffic."""
+SESSION_CLOSE_WAIT = 2.0
+"""Seconds a stop waits for ZooKeeper to close the session (``Node._close_session``)."""
+STOP_LIMIT = 8.0
+"""Seconds a clean stop may take (it takes 0.1-0.3 s; its waits are bounded: streams 2 s, the server's grace 1 s,
+the session close 2 s).
+Past it the node logs what it is still waiting for (every task's and thread's stack) and exits 1: a stop that
+hangs must be seen, and the launcher would SIGKILL it without a word at ``SERVICE_GRACE`` (10 s)."""
 
 
 class PeerRestarted(Exception):
@@ -338,7 +349,11 @@ class Node:
         return 1 if self.supervisor.fatal.is_set() else 0
 
     async def stop(self) -> None:
-        """Fronts first (no new input), then every other role; the server and the session last."""
+        """Fronts first (no new input), then every other role; the server and the session last (``STOP_LIMIT``)."""
+        async with stop_limit(STOP_LIMIT):
+            await self._stop()
+
+    async def _stop(self) -> None:
         await self.supervisor.stop()
         for role in sorted(self.roles, key=lambda r: r.kind != "front"):
             try:
@@ -346,12 +361,57 @@ class Node:
             except Exception:
                 logs.role_logger(role.name).exception("closing %s failed", role.name)
         await self.server.stop(grace=1.0)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.store.stop)
+        await self._close_session()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
         log.info("stopped")
+
+
+    async def _close_session(self) -> None:
+        """Close the ZooKeeper session, waiting at most ``SESSION_CLOSE_WAIT``.
+
+        With ZooKeeper away kazoo's close waits for its heartbeat to fail (6.4 s
+        measured); the session then expires on its own, its members with it, so
+        a stop does not wait for that.  A daemon thread does not hold the exit.
+        """
+        def close() -> None:
+            with contextlib.suppress(Exception):
+                self.store.stop()
+
+        closing = threading.Thread(target=close, name="ZooKeeper session close", daemon=True)
+        closing.start()
+        await asyncio.to_thread(closing.join, SESSION_CLOSE_WAIT)
+        if closing.is_alive():
+            log.warning("ZooKeeper did not answer the session close within %g s: this node's members go when the "
+                        "session expires", SESSION_CLOSE_WAIT)
+
+
+@contextlib.asynccontextmanager
+async def stop_limit(seconds: float) -> AsyncIterator[None]:
+    """Exit 1 if the body has not ended within ``seconds``, logging every task's and thread's stack first.
+
+    Two watchdogs: a timer on the event loop names the tasks still awaited;
+    if the loop itself is blocked that timer cannot run, and faulthandler's
+    thread dumps the threads and exits a second later.
+    """
+    def hung() -> None:
+        tasks = io.StringIO()
+        for task in asyncio.all_tasks():
+            task.print_stack(file=tasks)
+        log.critical("the stop did not end within %g s; exiting 1. Still running:\n%s", seconds, tasks.getvalue())
+        with contextlib.suppress(OSError, ValueError):
+            faulthandler.dump_traceback(all_threads=True)
+        logging.shutdown()
+        os._exit(1)
+
+    watchdog = asyncio.get_running_loop().call_later(seconds, hung)
+    faulthandler.dump_traceback_later(seconds + 1, exit=True)
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
