@@ -729,7 +729,8 @@ class AsyncClient:
         try:
             while True:
                 try:
-                    items = [await asyncio.wait_for(queue.get(), timeout)]
+                    async with asyncio.timeout(timeout):  # wait_for could swallow the caller's cancellation (3.11)
+                        items = [await queue.get()]
                 except TimeoutError:
                     return
                 while not queue.empty():

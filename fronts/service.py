@@ -639,7 +639,8 @@ class FrontService(rpc.FrontServicer):
                 return self._no_credit()
             self._progress.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._progress.wait()
         return None
 
     def _check_credit(self, events: int) -> None:

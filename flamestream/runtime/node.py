@@ -317,8 +317,11 @@ class Node:
             wait = RECOVERY_POLL
         failed = False
         while True:
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes as the wait ends (the
+            # members changing as the node stops), and this loop then ran on and held the stop for good.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), RECOVERY_POLL if failed else wait)
+                async with asyncio.timeout(RECOVERY_POLL if failed else wait):
+                    await changed.wait()
             changed.clear()
             try:
                 restarted = await asyncio.to_thread(recovery.check, self.store, self.applied)

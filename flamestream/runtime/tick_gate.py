@@ -65,7 +65,8 @@ class TickGate:
                 raise TickNotDeployed(f"tick {tick} was not deployed here within {timeout:g}s "
                                       f"(the latest is {self.latest})")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._deployed.wait(), remaining)
+                async with asyncio.timeout(remaining):  # not wait_for, which may swallow a cancellation (3.11)
+                    await self._deployed.wait()
         return tick >= self._since
 
     async def admitted(self, tick: int, context: Aborting, timeout: float = TICK_WAIT) -> bool:
