@@ -44,7 +44,7 @@ from flamestream.core.functions import Allowed, FunctionRefError
 from flamestream.core.graph import GraphError
 from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.oracle import run_oracle
-from flamestream.core.payload import check_payload, decode_payload, encode_payload
+from flamestream.core.payload import PayloadError, check_payload, decode_payload, encode_payload, unique_keys
 from flamestream.loader import load_graph, read_inputs
 from flamestream.runtime import launcher, spares, tls
 from flamestream.runtime.heap import tune_gc
@@ -899,7 +899,9 @@ def json_events(lines: list[str], first: int, where: str) -> list[tuple[int, Any
         if not line.strip():
             continue
         try:
-            event = json.loads(line)
+            event = json.loads(line, object_pairs_hook=unique_keys)
+        except PayloadError as exc:  # a key twice in one object
+            raise UsageError(f"{where} line {number}: {exc}") from None
         except json.JSONDecodeError as exc:
             raise UsageError(f"{where} line {number} is not valid JSON ({exc.msg} at column {exc.colno})") from None
         except (ValueError, RecursionError) as exc:  # an integer too long; nesting too deep for the parser

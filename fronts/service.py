@@ -688,8 +688,8 @@ class FrontService(rpc.FrontServicer):
         """Payload and entry hash of every event, or the first fault: nothing is admitted from a faulty request.
 
         Everything a worker could not process or write is refused here, by event
-        index (``check_payload``: lone surrogates, NaN/Infinity, nesting deeper
-        than ``MAX_DEPTH``): once admitted, an event's ack is at the acker, and
+        index (``decode_event``: an object with a key twice; ``check_payload``: lone
+        surrogates, NaN/Infinity, nesting deeper than ``MAX_DEPTH``): once admitted, an event's ack is at the acker, and
         a failure further on would hold the minimal time back for good.  The
         entry hash goes through ``as_hash`` like every other hash (folded into
         int32; no integer at all is a fault) — the local runtime and the oracle
@@ -701,7 +701,7 @@ class FrontService(rpc.FrontServicer):
             if size > self.max_event_bytes:
                 raise self._too_large(i, size)
             try:
-                payload = payloads.decode_payload(event.payload)
+                payload = payloads.decode_event(event.payload)
             except payloads.PayloadError as exc:
                 raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"event {i}: {exc}") from None
             fault = payloads.check_payload(payload)

@@ -398,6 +398,11 @@ def test_rejected_requests_admit_nothing_and_the_front_keeps_serving(
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert (error.details() or "").startswith("event 1: payload is not valid JSON")
 
+            key_twice = pb.Event(payload=b'{"word": "a", "word": "b"}')  # json.loads would keep "b" only
+            error = await rejected(push(stub, [event("fine"), key_twice]))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (error.details() or "") == "event 1: payload has the key 'word' twice in one object"
+
             error = await rejected(push(stub, [event("fine"), event("fine too"), event("x" * 300)]))
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert (error.details() or "").startswith("event 2: ")

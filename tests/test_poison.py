@@ -45,8 +45,11 @@ def nested(depth: int, leaf: Any = 1, kind: type = list) -> Any:
 
 
 def strict_json(data: bytes) -> Any:
-    """orjson reads only standard JSON (no NaN, valid UTF-8): what any consumer can read."""
-    return orjson.loads(data)
+    """orjson reads only standard JSON (no NaN, valid UTF-8): what any consumer can read; and no object holds a
+    key twice (which a reader would take as one: orjson keeps the last)."""
+    value = orjson.loads(data)
+    assert json.loads(data, object_pairs_hook=payloads.unique_keys) == value
+    return value
 
 
 # -- balancing results ---------------------------------------------------------------------------------------
@@ -202,6 +205,29 @@ def test_an_event_that_is_not_a_json_value_is_refused_not_written_as_its_repr(va
     assert payloads.encode_payload(value)  # the record's rule is unchanged
 
 
+@pytest.mark.parametrize("value", [{1: "a", "1": "b"}, [{"x": {True: 1, "true": 2}}], {None: 0, "null": 1},
+                                   {1.5: 0, "1.5": 1}])
+def test_an_event_whose_keys_json_writes_alike_is_refused(value: Any) -> None:
+    """``json`` would write ``{"1":"a","1":"b"}``, and every reader keeps one of the two: a value dropped
+    without a word.  Before: written with the key twice."""
+    assert "two keys written as" in (payloads.check_payload(value) or "")
+    with pytest.raises(payloads.PayloadError, match="two keys written as"):
+        payloads.encode_event(value)
+
+
+def test_a_record_whose_keys_json_writes_alike_is_its_repr() -> None:
+    value = {1: "a", "1": "b"}
+    assert strict_json(payloads.encode_payload(value)) == repr(value)
+    assert strict_json(payloads.encode_payload({1: "a", 2: "b"})) == {"1": "a", "2": "b"}  # no collision: JSON
+
+
+@pytest.mark.parametrize("text", [b'{"a":1,"a":2}', b'[{"k":{"x":1,"y":2,"x":3}}]'])
+def test_a_json_event_with_a_key_twice_is_refused(text: bytes) -> None:
+    with pytest.raises(payloads.PayloadError, match="twice in one object"):
+        payloads.decode_event(text)
+    assert payloads.decode_event(b'{"a":1,"b":{"a":2}}') == {"a": 1, "b": {"a": 2}}  # the same key in two objects
+
+
 def test_check_payload_survives_cycles_and_shared_structure() -> None:
     cycle: list[Any] = []
     cycle.append(cycle)
@@ -315,7 +341,8 @@ def flamestream(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[b
     (("push", "--json"), b"[" * 100_000 + b"]" * 100_000 + b"\n", "stdin line 1 is not valid JSON"),
     (("push", "--json"), b"1\n2\n[NaN]\n", "stdin line 3: payload holds NaN"),
     (("push", "--json"), b'"\\ud800"\n', "stdin line 1: payload holds a lone surrogate"),
-], ids=["invalid-utf8", "depth-900", "depth-100000", "nan", "lone-surrogate"])
+    (("push", "--json"), b'{"a": 1}\n{"a": 1, "a": 2}\n', "stdin line 2: payload has the key 'a' twice"),
+], ids=["invalid-utf8", "depth-900", "depth-100000", "nan", "lone-surrogate", "key-twice"])
 def test_cli_push_names_the_bad_line_in_one_line(args: tuple[str, ...], stdin: bytes, message: str) -> None:
     done = flamestream(*args, "--zookeeper", "127.0.0.1:1", stdin=stdin)  # refused before any cluster is looked up
     err = done.stderr.decode()

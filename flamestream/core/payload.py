@@ -52,6 +52,48 @@ def decode_payload(data: bytes) -> Any:
         raise PayloadError(f"payload is not valid JSON: {exc}") from exc
 
 
+def decode_event(data: bytes | str) -> Any:
+    """An event's JSON value, as ``decode_payload``, but an object with a key twice is refused: ``json`` would
+    keep the last value and drop the others without a word, and what the client meant is unknown."""
+    try:
+        return json.loads(data, object_pairs_hook=unique_keys)
+    except PayloadError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"payload is not valid JSON: {exc}") from exc
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook`` for events: the object, or ``PayloadError`` naming a key it has twice."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        raise PayloadError(f"payload has the key {_twice(key for key, _ in pairs)!r} twice in one object")
+    return value
+
+
+def _twice(keys: Any) -> str:
+    """The first of ``keys`` (JSON key texts) seen before."""
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            return str(key)
+        seen.add(key)
+    raise AssertionError("no key is there twice")
+
+
+def _json_key(key: Any) -> str:
+    """The text ``json`` writes for a dict key of a ``_JSON_KEYS`` type: ``1`` and ``"1"`` are both ``"1"``."""
+    return key if isinstance(key, str) else json.dumps(key)
+
+
+def _colliding(item: dict[Any, Any]) -> str | None:
+    """A key text that two of ``item``'s keys would both be written as, or None (always, when all are strings)."""
+    if all(type(key) is str for key in item):
+        return None
+    texts = [_json_key(key) for key in item if isinstance(key, _JSON_KEYS)]
+    return _twice(texts) if len(set(texts)) < len(texts) else None
+
+
 def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
     """Why the event ``value`` must be refused, or None: a lone surrogate in a string (UTF-8 cannot encode it,
     so neither the input log nor a record could hold it), NaN or ±Infinity (JSON has neither: the input log
@@ -91,6 +133,9 @@ def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
                     fault = _str_fault(key) if isinstance(key, str) else None
                     if fault is not None:
                         return fault
+                twice = _colliding(item)
+                if twice is not None:
+                    return f"payload has two keys written as {twice!r} in one object (JSON keys are strings)"
                 stack.extend((child, depth) for child in item.values())
             else:
                 stack.extend((child, depth) for child in item)
@@ -110,7 +155,8 @@ def _str_fault(text: str) -> str | None:
 
 def encode_event(payload: Any) -> bytes:
     """An event's JSON for a push; ``PayloadError`` if the front would refuse it (``check_payload``) or it is
-    not a JSON value: a set, bytes, a date, a dict with keys JSON cannot have, any other object.  Those are
+    not a JSON value: a set, bytes, a date, a dict with keys JSON cannot have or with two keys JSON writes
+    alike (``1`` and ``"1"``: the JSON would hold the key twice), any other object.  Those are
     refused rather than written as their ``repr`` (as a record is): an event that arrives as the string
     ``"{1, 2}"`` instead of the set the client pushed is silently wrong data, and ``object()``'s repr is not
     even the same twice.  Nothing is turned into a dead letter here: the client is still there to be told.
@@ -125,7 +171,8 @@ def encode_payload(payload: Any) -> bytes:
     """A record's bytes: compact UTF-8 JSON, never an exception.
 
     A value that is not plain JSON (a set, a date...) is written as its
-    ``repr``, and so is a dict with keys JSON cannot have (tuples...), as a
+    ``repr``, and so is a dict with keys JSON cannot have (tuples...) or
+    with two keys it writes alike (``1`` and ``"1"``), as a
     whole; a namedtuple is an array, as a tuple.  Non-finite floats become
     null (JSON has no NaN).  A payload that cannot be written at all — a lone
     surrogate, nesting deeper than ``MAX_RECORD_DEPTH``, a ``repr`` that
@@ -160,7 +207,8 @@ def _dumps(payload: Any, *, as_record: bool) -> bytes:
 
 def _plain(value: Any, depth: int) -> Any:
     """``value`` with what ``json`` would get wrong or choke on fixed: non-finite floats as None (``json``
-    writes ``NaN``, which is not JSON), dicts with keys it cannot write as their ``repr`` (it would raise),
+    writes ``NaN``, which is not JSON), dicts with keys it cannot write, or would write twice, as their ``repr``
+    (it would raise, or write a key twice, which a reader takes as one),
     nesting beyond ``MAX_RECORD_DEPTH`` refused (it would raise ``RecursionError`` at a depth that depends on
     the stack).  Everything else is left to ``json.dumps(default=repr)``."""
     if isinstance(value, float):
@@ -170,7 +218,7 @@ def _plain(value: Any, depth: int) -> Any:
             raise PayloadError(f"payload nests arrays/objects deeper than {MAX_RECORD_DEPTH} levels")
         if not isinstance(value, dict):
             return [_plain(item, depth + 1) for item in value]
-        if all(isinstance(key, _JSON_KEYS) for key in value):
+        if all(isinstance(key, _JSON_KEYS) for key in value) and _colliding(value) is None:
             return {key: _plain(item, depth + 1) for key, item in value.items()}
         if deeper_than(value, MAX_RECORD_DEPTH - depth):
             raise PayloadError(f"payload nests containers deeper than {MAX_RECORD_DEPTH} levels")
