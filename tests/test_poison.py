@@ -228,6 +228,16 @@ def test_a_json_event_with_a_key_twice_is_refused(text: bytes) -> None:
     assert payloads.decode_event(b'{"a":1,"b":{"a":2}}') == {"a": 1, "b": {"a": 2}}  # the same key in two objects
 
 
+def test_a_key_twice_is_named_short_and_writable() -> None:
+    """The message goes back to the client as gRPC status details: a megabyte key, or one with a lone surrogate,
+    must not make it unwritable."""
+    key = "\\ud800" + "k" * 100_000
+    with pytest.raises(payloads.PayloadError) as raised:
+        payloads.decode_event(f'{{"{key}": 1, "{key}": 2}}'.encode())
+    message = str(raised.value)
+    assert len(message) < 200 and message.encode("utf-8")
+
+
 def test_check_payload_survives_cycles_and_shared_structure() -> None:
     cycle: list[Any] = []
     cycle.append(cycle)

@@ -39,6 +39,9 @@ _NATIVE_ONLY = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIM
 """orjson writes only plain JSON types itself (several times faster than ``json``, and workers encode every
 record); everything else takes the ``json`` path, as before orjson."""
 
+SHOWN_KEY = 60
+"""Characters of a key an error message shows."""
+
 _JSON_KEYS = (str, int, float, type(None))
 """Dict keys ``json`` writes (as strings; bool is an int); any other key makes the whole dict its ``repr``."""
 
@@ -67,16 +70,17 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``json``'s ``object_pairs_hook`` for events: the object, or ``PayloadError`` naming a key it has twice."""
     value = dict(pairs)
     if len(value) < len(pairs):
-        raise PayloadError(f"payload has the key {_twice(key for key, _ in pairs)!r} twice in one object")
+        raise PayloadError(f"payload has the key {_twice(key for key, _ in pairs)} twice in one object")
     return value
 
 
 def _twice(keys: Any) -> str:
-    """The first of ``keys`` (JSON key texts) seen before."""
+    """The first of ``keys`` (JSON key texts) seen before, as an error message shows it: ``repr`` (which escapes
+    lone surrogates, so the message stays writable) of at most ``SHOWN_KEY`` characters (a key may be 1 MB)."""
     seen: set[str] = set()
     for key in keys:
         if key in seen:
-            return str(key)
+            return repr(key) if len(key) <= SHOWN_KEY else f"{key[:SHOWN_KEY]!r}..."
         seen.add(key)
     raise AssertionError("no key is there twice")
 
@@ -135,7 +139,7 @@ def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
                         return fault
                 twice = _colliding(item)
                 if twice is not None:
-                    return f"payload has two keys written as {twice!r} in one object (JSON keys are strings)"
+                    return f"payload has two keys written as {twice} in one object (JSON keys are strings)"
                 stack.extend((child, depth) for child in item.values())
             else:
                 stack.extend((child, depth) for child in item)

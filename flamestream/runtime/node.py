@@ -370,11 +370,10 @@ class Node:
             self._lock_fd = -1
         log.info("stopped")
 
-
     async def _close_session(self) -> None:
         """Close the ZooKeeper session, waiting at most ``SESSION_CLOSE_WAIT``.
 
-        With ZooKeeper away kazoo's close waits for its heartbeat to fail (6.4 s
+        With ZooKeeper away kazoo's close waits for its heartbeat to fail (6.3 s
         measured); the session then expires on its own, its members with it, so
         a stop does not wait for that.  A daemon thread does not hold the exit.
         """
@@ -409,7 +408,8 @@ async def stop_limit(seconds: float) -> AsyncIterator[None]:
         os._exit(1)
 
     watchdog = asyncio.get_running_loop().call_later(seconds, hung)
-    faulthandler.dump_traceback_later(seconds + 1, exit=True)
+    with contextlib.suppress(RuntimeError, ValueError):  # no stderr to write to: the loop's watchdog only
+        faulthandler.dump_traceback_later(seconds + 1, exit=True)
     try:
         yield
     finally:
