@@ -102,14 +102,15 @@ def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
     """Why the event ``value`` must be refused, or None: a lone surrogate in a string (UTF-8 cannot encode it,
     so neither the input log nor a record could hold it), NaN or ±Infinity (JSON has neither: the input log
     would hold invalid JSON, and a record would say null where the event said NaN), or arrays/objects
-    (lists, tuples, dicts) nested deeper than ``max_depth`` (see ``MAX_DEPTH``).
+    (lists, tuples, dicts) nested deeper than ``max_depth`` (see ``MAX_DEPTH``), two keys of one object that
+    JSON writes alike (``1`` and ``"1"``), or what is not a JSON value at all: a set, bytes, a date, a key that is
+    a tuple...  (the SDK refuses those rather than send their ``repr``, and the local runtime and the oracle, which
+    ask this too, refuse them as the cluster would never see them).
 
     Iterative, so no nesting can make it raise; a container seen before at the
     same or a greater depth is not walked again, so shared substructure costs at
     most one walk per depth, not one per path (``a = [a, a]`` 60 times over), and
-    a cycle ends up too deep.  Other types are not looked into: a record's
-    encoder writes them as their ``repr``, which escapes surrogates, and an
-    event's refuses them (``encode_event``).
+    a cycle ends up too deep.
     """
     if type(value) is str:  # the common event (a line of text): no walk
         return _str_fault(value)
@@ -134,15 +135,20 @@ def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
             seen[id(item)] = depth
             if isinstance(item, dict):
                 for key in item:
-                    fault = _str_fault(key) if isinstance(key, str) else None
-                    if fault is not None:
-                        return fault
+                    if isinstance(key, str):
+                        fault = _str_fault(key)
+                        if fault is not None:
+                            return fault
+                    elif not isinstance(key, _JSON_KEYS):
+                        return f"payload is not a JSON value: an object's key is a {type(key).__name__}"
                 twice = _colliding(item)
                 if twice is not None:
                     return f"payload has two keys written as {twice} in one object (JSON keys are strings)"
                 stack.extend((child, depth) for child in item.values())
             else:
                 stack.extend((child, depth) for child in item)
+        elif not isinstance(item, int) and item is not None:  # int: bool too
+            return f"payload is not a JSON value: it holds a {type(item).__name__}"
     return None
 
 
@@ -158,9 +164,9 @@ def _str_fault(text: str) -> str | None:
 
 
 def encode_event(payload: Any) -> bytes:
-    """An event's JSON for a push; ``PayloadError`` if the front would refuse it (``check_payload``) or it is
-    not a JSON value: a set, bytes, a date, a dict with keys JSON cannot have or with two keys JSON writes
-    alike (``1`` and ``"1"``: the JSON would hold the key twice), any other object.  Those are
+    """An event's JSON for a push; ``PayloadError`` if the front would refuse it or it is not a JSON value
+    (``check_payload``: a set, bytes, a date, a dict with keys JSON cannot have or with two keys JSON writes
+    alike, any other object), or ``json`` cannot write it (an integer of thousands of digits).  Those are
     refused rather than written as their ``repr`` (as a record is): an event that arrives as the string
     ``"{1, 2}"`` instead of the set the client pushed is silently wrong data, and ``object()``'s repr is not
     even the same twice.  Nothing is turned into a dead letter here: the client is still there to be told.
