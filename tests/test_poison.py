@@ -157,7 +157,7 @@ def test_runtime_equals_oracle_whatever_the_balancing_functions_return(
 
 def test_the_local_runtime_and_the_oracle_refuse_what_the_sdk_cannot_send() -> None:
     """Events given through the Python API that are no JSON values never reach a cluster (the SDK refuses them):
-    the local runtime and the oracle reject them too.  Before, both ran them (a set's words were counted)."""
+    the local runtime and the oracle reject them too.  Before, both ran them."""
     events: list[Any] = [{"word": "a"}, {"word": "b", "at": datetime.date(2020, 1, 1)}, {"word": "c", "ids": {1}},
                          {(1, 2): "d"}, {"word": "e", "raw": b"x"}, {"word": "f", 1: "g", "1": "h"}, {"word": "i"}]
     refused = events[1:6]
