@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,22 @@ def test_each_hash_range_gets_a_spark_partition_of_its_own(spark: Any, partition
     rows = (spark.range(partitions * 5).select((F.col("id") % partitions).cast("int").alias("owner"))
             .repartition(partitions, placement).select("owner", F.spark_partition_id().alias("partition")).collect())
     assert all(r["owner"] == r["partition"] for r in rows) and len(rows) == partitions * 5
+
+
+def test_the_spark_extra_brings_the_pandas_pyspark_checks_for() -> None:
+    """Replay and audit run ``mapInArrow``, whose driver side requires pandas; PySpark does not install it, and
+    ``flamestream[spark]`` once did not either (only the bench's ``peers`` extra did), so a user who installed
+    what the CLI names got PACKAGE_NOT_INSTALLED from the first replay.  The pandas installed from the extras is
+    also one PySpark supports without its warning (it warns for pandas 3)."""
+    from packaging.requirements import Requirement
+    from pyspark.sql.pandas.utils import require_minimum_pandas_version
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pandas = [r for r in map(Requirement, extras["spark"]) if r.name == "pandas"]
+    assert pandas, extras["spark"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        require_minimum_pandas_version()
 
 
 def test_a_cycle_through_two_groupings_is_refused_naming_the_edge() -> None:
