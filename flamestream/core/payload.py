@@ -49,20 +49,21 @@ _JSON_KEYS = (str, int, float, type(None))
 def decode_payload(data: bytes) -> Any:
     """A payload's JSON value: Python's ``json``, which keeps integers of any size exact (orjson reads those
     beyond 64 bits as floats) and accepts NaN (which ``check_payload`` then refuses, by name)."""
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, integers too long, nesting too deep
-        raise PayloadError(f"payload is not valid JSON: {exc}") from exc
+    return _loads(data, None)
 
 
 def decode_event(data: bytes | str) -> Any:
     """An event's JSON value, as ``decode_payload``, but an object with a key twice is refused: ``json`` would
     keep the last value and drop the others without a word, and what the client meant is unknown."""
+    return _loads(data, unique_keys)
+
+
+def _loads(data: bytes | str, object_pairs_hook: Any) -> Any:
     try:
-        return json.loads(data, object_pairs_hook=unique_keys)
-    except PayloadError:
+        return json.loads(data, object_pairs_hook=object_pairs_hook)  # None: json's own (and fast) path
+    except PayloadError:  # the hook's, a ValueError itself
         raise
-    except (ValueError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, integers too long, nesting too deep
         raise PayloadError(f"payload is not valid JSON: {exc}") from exc
 
 
@@ -91,10 +92,8 @@ def _json_key(key: Any) -> str:
 
 
 def _colliding(item: dict[Any, Any]) -> str | None:
-    """A key text that two of ``item``'s keys would both be written as, or None (always, when all are strings)."""
-    if all(type(key) is str for key in item):
-        return None
-    texts = [_json_key(key) for key in item if isinstance(key, _JSON_KEYS)]
+    """A key text that two of ``item``'s keys (all of ``_JSON_KEYS`` types) would both be written as, or None."""
+    texts = [_json_key(key) for key in item]
     return _twice(texts) if len(set(texts)) < len(texts) else None
 
 
@@ -134,14 +133,17 @@ def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
                 continue
             seen[id(item)] = depth
             if isinstance(item, dict):
+                strings = True  # then no two keys can collide: the common object needs no second look
                 for key in item:
                     if isinstance(key, str):
                         fault = _str_fault(key)
                         if fault is not None:
                             return fault
-                    elif not isinstance(key, _JSON_KEYS):
+                    elif isinstance(key, _JSON_KEYS):
+                        strings = False
+                    else:
                         return f"payload is not a JSON value: an object's key is a {type(key).__name__}"
-                twice = _colliding(item)
+                twice = None if strings else _colliding(item)
                 if twice is not None:
                     return f"payload has two keys written as {twice} in one object (JSON keys are strings)"
                 stack.extend((child, depth) for child in item.values())

@@ -32,7 +32,6 @@ import math
 import os
 import reprlib
 import signal
-import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -375,18 +374,17 @@ class Node:
 
         With ZooKeeper away kazoo's close waits for its heartbeat to fail (6.3 s
         measured); the session then expires on its own, its members with it, so
-        a stop does not wait for that.  A daemon thread does not hold the exit.
+        a stop does not wait for that.  The close left running does not hold the
+        process: it exits once the node has stopped (``roles.main``).
         """
-        def close() -> None:
-            with contextlib.suppress(Exception):
-                self.store.stop()
-
-        closing = threading.Thread(target=close, name="ZooKeeper session close", daemon=True)
-        closing.start()
-        await asyncio.to_thread(closing.join, SESSION_CLOSE_WAIT)
-        if closing.is_alive():
+        try:
+            async with asyncio.timeout(SESSION_CLOSE_WAIT):
+                await asyncio.to_thread(self.store.stop)
+        except TimeoutError:
             log.warning("ZooKeeper did not answer the session close within %g s: this node's members go when the "
                         "session expires", SESSION_CLOSE_WAIT)
+        except Exception:  # a session that cannot close cleanly expires all the same
+            pass
 
 
 @contextlib.asynccontextmanager
