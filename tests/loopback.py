@@ -6,19 +6,41 @@ import contextlib
 import glob
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
 
+from flamestream.runtime.frames import FrameServer, NodeServicer, StreamHandler
+from flamestream.wire import flamestream_pb2_grpc as rpc
 
-async def start_server(register: Callable[[grpc.aio.Server], None]) -> tuple[grpc.aio.Server, str]:
-    """A started grpc.aio server with ``register``'s servicers and its "127.0.0.1:PORT" address."""
+
+async def start_server(register: Callable[[grpc.aio.Server], None],
+                       streams: Mapping[str, StreamHandler] | None = None) -> tuple[grpc.aio.Server, str]:
+    """A started grpc.aio server with ``register``'s servicers and its "127.0.0.1:PORT" address; with ``streams``
+    (method path -> handler), it also serves those streams over frames, as a node does (stop it with
+    ``stop_server``)."""
     server = grpc.aio.server()
     register(server)
+    if streams is not None:
+        frames = FrameServer(streams.get, None)
+        rpc.add_NodeServicer_to_server(NodeServicer(frames), server)
+        await frames.start("127.0.0.1")
+        _FRAMES[server] = frames
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
+
+
+_FRAMES: dict[grpc.aio.Server, FrameServer] = {}
+
+
+async def stop_server(server: grpc.aio.Server) -> None:
+    """Stop a server ``start_server`` started, and its frames listener."""
+    frames = _FRAMES.pop(server, None)
+    if frames is not None:
+        await frames.close()
+    await server.stop(None)
 
 
 def free_port() -> int:

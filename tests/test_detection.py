@@ -233,8 +233,9 @@ def test_a_front_whose_route_stays_broken_against_a_live_peer_stops_the_node_aft
 _SINK = """
 import asyncio, sys
 import grpc
+from flamestream.runtime.frames import FrameServer, NodeServicer
 from flamestream.wire import flamestream_pb2 as pb, flamestream_pb2_grpc as rpc
-from flamestream.wire.transport import GRPC_OPTIONS
+from flamestream.wire.transport import EXCHANGE, GRPC_OPTIONS
 
 class Sink(rpc.WorkerServicer):
     async def Exchange(self, request_iterator, context):
@@ -244,7 +245,9 @@ class Sink(rpc.WorkerServicer):
 
 async def main():
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    rpc.add_WorkerServicer_to_server(Sink(), server)
+    frames = FrameServer({EXCHANGE: Sink().Exchange}.get, None)
+    rpc.add_NodeServicer_to_server(NodeServicer(frames), server)
+    await frames.start(sys.argv[1].rpartition(":")[0])
     server.add_insecure_port(sys.argv[1])
     await server.start()
     print("ready", flush=True)
@@ -277,7 +280,8 @@ asyncio.run(main())
 @pytest.mark.slow
 def test_an_idle_stream_over_a_cut_link_is_reported_broken_by_the_keepalive(tmp_path: Path) -> None:
     """Two hosts (network namespaces); a stream carried one batch and then sits idle, as a re-send waiting for the
-    min time does.  The link goes down without a reset reaching anyone: only gRPC's keepalive pings notice."""
+    min time does.  The link goes down without a reset reaching anyone: only the keepalive notices (TCP's, with
+    gRPC's timings, on the frames connection)."""
     names, address = ("fs-ka-a", "fs-ka-b"), "10.232.0.2:7411"
     with veth_pair(names, ("fs-ka-va", "fs-ka-vb"), ("10.232.0.1", "10.232.0.2")):
         sink_log = tmp_path / "sink.log"
@@ -297,7 +301,7 @@ def test_an_idle_stream_over_a_cut_link_is_reported_broken_by_the_keepalive(tmp_
             result = json.loads(out_text.strip().splitlines()[-1])
             assert result["at"] is not None, "the idle stream's break went unnoticed for 60 s"
             assert "UNAVAILABLE" in result["report"], result
-            # 10 s without traffic, then a ping unanswered for 5 s (transport.KEEPALIVE_MS), with some slack.
+            # 10 s without traffic, then a probe unanswered for 5 s (transport.KEEPALIVE_MS), with some slack.
             assert result["at"] - cut_at < 30, result
         finally:
             for process in (writer, sink):

@@ -40,7 +40,8 @@ from flamestream.storage.log import SegmentedLog
 from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from tests.loopback import start_server
+from flamestream.wire.transport import ACK, EXCHANGE
+from tests.loopback import start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 FRONT = 3
@@ -114,20 +115,22 @@ class StandIns:
         self.acker_address = ""
         self._servers: list[grpc.aio.Server] = []
 
-    async def _serve(self, register: Callable[[grpc.aio.Server], None]) -> str:
-        server, address = await start_server(register)
+    async def _serve(self, register: Callable[[grpc.aio.Server], None], streams: dict[str, Any]) -> str:
+        server, address = await start_server(register, streams)
         self._servers.append(server)
         return address
 
     async def start(self) -> None:
         for worker in self.workers:
             self.worker_addresses.append(
-                await self._serve(lambda s, w=worker: rpc.add_WorkerServicer_to_server(w, s)))
-        self.acker_address = await self._serve(lambda s: rpc.add_AckerServicer_to_server(self.acker, s))
+                await self._serve(lambda s, w=worker: rpc.add_WorkerServicer_to_server(w, s),
+                                  {EXCHANGE: worker.Exchange}))
+        self.acker_address = await self._serve(lambda s: rpc.add_AckerServicer_to_server(self.acker, s),
+                                               {ACK: self.acker.Ack})
 
     async def stop(self) -> None:
         for server in self._servers:
-            await server.stop(grace=None)
+            await stop_server(server)
 
     def tick(self, graph: dict[str, Any], start_ts: int) -> dict[str, Any]:
         return Tick(number=0, start=GlobalTime(start_ts, 0), graph=graph, layout=LAYOUT,

@@ -19,13 +19,14 @@ import pytest
 from grpc_health.v1 import health, health_pb2
 
 from flamestream.runtime import hosting
-from flamestream.runtime.channels import Channels, LocalContext, LocalEndpoints, LocalStream
-from flamestream.runtime.hosting import ClientStream, StreamBroken
+from flamestream.runtime.channels import Channels, LocalEndpoints, LocalStream
+from flamestream.runtime.frames import FrameServer, FrameStream, NodeServicer
+from flamestream.runtime.hosting import LocalContext, StreamBroken
 from flamestream.runtime.supervision import Supervisor
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.wire.transport import ACK, DELIVER, EXCHANGE
-from tests.loopback import free_port
+from tests.loopback import free_port, start_server, stop_server
 
 HERE = "127.0.0.1:7000"
 
@@ -118,14 +119,13 @@ class _OneBatchAndGone(rpc.WorkerServicer):
         return pb.Empty()
 
 
-def test_a_grpc_stream_that_breaks_after_its_last_write_is_reported() -> None:
-    """The write returned (gRPC took the batch), nothing more is written: only the call's end tells of the loss."""
+def test_a_stream_to_another_node_that_breaks_after_its_last_write_is_reported() -> None:
+    """The write returned (the socket took the batch), nothing more is written: only the call's end tells of the
+    loss."""
     async def scenario() -> None:
-        server = grpc.aio.server()
-        rpc.add_WorkerServicer_to_server(_OneBatchAndGone(), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        address = f"127.0.0.1:{port}"
+        receiver = _OneBatchAndGone()
+        server, address = await start_server(lambda s: rpc.add_WorkerServicer_to_server(receiver, s),
+                                             {EXCHANGE: receiver.Exchange})
         broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
         channels = Channels(LocalEndpoints(HERE), broken.put_nowait)
         try:
@@ -135,7 +135,7 @@ def test_a_grpc_stream_that_breaks_after_its_last_write_is_reported() -> None:
             assert report.__traceback__ is not None  # logged with one, like any failure
         finally:
             await channels.close()
-            await server.stop(None)
+            await stop_server(server)
 
     asyncio.run(scenario())
 
@@ -158,6 +158,8 @@ def test_a_first_write_waits_for_a_peer_it_could_not_connect_to_yet() -> None:
         port = free_port()
         receiver, server = _Collecting(), grpc.aio.server()
         rpc.add_WorkerServicer_to_server(receiver, server)
+        frames = FrameServer({EXCHANGE: receiver.Exchange}.get, None)
+        rpc.add_NodeServicer_to_server(NodeServicer(frames), server)
         broken: list[StreamBroken] = []
         channels = Channels(LocalEndpoints(HERE), broken.append)
         hung_up = 0
@@ -173,6 +175,7 @@ def test_a_first_write_waits_for_a_peer_it_could_not_connect_to_yet() -> None:
             await asyncio.sleep(0.3)
             rude.close()
             await rude.wait_closed()
+            await frames.start("127.0.0.1")
             assert server.add_insecure_port(f"127.0.0.1:{port}") == port
             await server.start()
 
@@ -184,6 +187,7 @@ def test_a_first_write_waits_for_a_peer_it_could_not_connect_to_yet() -> None:
         finally:
             await channels.close()
             await later
+            await frames.close()
             await server.stop(None)
         assert receiver.got == [1, 2]
 
@@ -235,8 +239,8 @@ def test_channels_use_the_local_handler_only_for_this_nodes_address_and_its_meth
         channels = Channels(local)
         assert isinstance(channels.stream(HERE, EXCHANGE), LocalStream)
         assert channels.stream(HERE, EXCHANGE) is channels.stream(HERE, EXCHANGE)  # one stream: FIFO
-        assert isinstance(channels.stream(HERE, DELIVER), ClientStream)  # no barrier on this node
-        assert isinstance(channels.stream("127.0.0.1:7001", EXCHANGE), ClientStream)  # another node
+        assert isinstance(channels.stream(HERE, DELIVER), FrameStream)  # no barrier on this node
+        assert isinstance(channels.stream("127.0.0.1:7001", EXCHANGE), FrameStream)  # another node
         await channels.write(HERE, EXCHANGE, pb.ItemBatch(sender=3))
         await channels.close()
         assert receiver.got == [3]

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from flamestream.runtime.channels import LocalAbort, LocalContext
+from flamestream.runtime.hosting import LocalAbort, LocalContext
 from flamestream.runtime.tick_gate import TickGate, TickNotDeployed
 
 

@@ -13,7 +13,8 @@ import pytest
 from flamestream.barrier import service as barrier_service
 from flamestream.barrier.service import BarrierService, _Partition
 from flamestream.core.meta import GlobalTime
-from flamestream.runtime.channels import LocalContext, LocalEndpoints
+from flamestream.runtime.channels import LocalEndpoints
+from flamestream.runtime.hosting import LocalContext
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
 

@@ -36,7 +36,8 @@ from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.core.worker import Worker
-from flamestream.runtime.channels import LocalAbort, LocalContext, LocalEndpoints
+from flamestream.runtime.channels import LocalEndpoints
+from flamestream.runtime.hosting import LocalAbort, LocalContext
 from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc

@@ -24,7 +24,8 @@ from flamestream.core.tick import Layout, Tick
 from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from tests.loopback import free_port, start_server
+from flamestream.wire.transport import ACK, DELIVER
+from tests.loopback import free_port, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +66,7 @@ async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
         rpc.add_AckerServicer_to_server(stand_ins, server)
         rpc.add_BarrierServicer_to_server(stand_ins, server)
 
-    server, here = await start_server(register)
+    server, here = await start_server(register, {ACK: stand_ins.Ack, DELIVER: stand_ins.Deliver})
     worker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--zookeeper", zookeeper,
                                "--cluster", cluster, "--name", "node", "--worker", "0", *flags], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True)
@@ -106,7 +107,7 @@ async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
     finally:
         worker.terminate()
         assert await asyncio.to_thread(worker.wait, 20) == 0
-        await server.stop(None)
+        await stop_server(server)
 
 
 def test_worker_processes_batches_and_acks_per_step(zookeeper: str, cluster_name: str) -> None:

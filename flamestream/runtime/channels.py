@@ -1,15 +1,17 @@
-"""Streams between cluster members: in-process between roles of one node, gRPC between nodes.
+"""Streams between cluster members: in-process between roles of one node, frames between nodes.
 
 A node hosts several roles (worker, front, barrier, acker) behind one gRPC
 server, so every role of a node advertises the node's address.  A stream to
 that address needs no socket: ``Channels`` hands the message objects to the
-local servicer's own handler through a bounded queue.  The handler is the very
-method gRPC would call (``Worker.Exchange``, ``Barrier.Deliver``,
-``Acker.Ack``), run on a task of its own, so both paths have the same
-semantics: FIFO per stream, one message at a time, a full queue makes the
-writer wait (as HTTP/2 flow control does), an ``abort`` ends the stream and
-the next write raises ``StreamBroken``.  What the in-process path saves is
-serialization, the socket and the gRPC event-loop work on both ends.
+local servicer's own handler through a bounded queue.  A stream to another
+node is a frames connection (``flamestream.runtime.frames``) to the same
+handler there (``Worker.Exchange``, ``Barrier.Deliver``, ``Acker.Ack``), run
+on a task of its own, so both paths have the same semantics: FIFO per stream,
+one message at a time, a full queue makes the writer wait (as a full socket
+does), an ``abort`` ends the stream and the next write raises
+``StreamBroken``.  What the in-process path saves is serialization, the socket
+and the event-loop work on both ends.  Everything else between members (the
+acker's min-time stream, the clients' RPCs) is gRPC.
 
 Messages handed over in-process are shared, not copied: senders build a new
 message for every write and never touch it afterwards.
@@ -26,12 +28,13 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Generic, NoReturn, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
-from flamestream.runtime.hosting import CLOSE_TIMEOUT, ClientStream, StreamBroken, describe
+from flamestream.runtime.frames import FrameStream
+from flamestream.runtime.hosting import CLOSE_TIMEOUT, LocalContext, StreamBroken, describe
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.wire import transport
@@ -56,22 +59,6 @@ many nodes inherit the variable).  Read from the process's environment once, at 
 the network or from ZooKeeper can enable it."""
 
 
-class LocalAbort(Exception):
-    """A local handler aborted its call, as ``context.abort`` does over gRPC."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class LocalContext:
-    """The part of ``grpc.aio.ServicerContext`` the cluster's handlers use, for calls that never leave the node."""
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
-        raise LocalAbort(code, details)
-
-
 class LocalEndpoints:
     """The servicers of this node's roles, by method path: what an in-process stream delivers to."""
 
@@ -89,7 +76,7 @@ _END = object()
 
 
 class LocalStream(Generic[_M]):
-    """One in-process client-streaming call: the same contract as ``ClientStream``, without the socket."""
+    """One in-process client-streaming call: the same contract as ``FrameStream``, without the socket."""
 
     def __init__(self, handler: StreamHandler, label: str,
                  on_broken: Callable[[StreamBroken], None] | None = None) -> None:
@@ -219,7 +206,7 @@ class Channels:
             label = label or address
             handler = self._local.serves(address, method)
             stream = (LocalStream[Any](handler, f"{label} (in-process)", self._on_broken) if handler is not None
-                      else ClientStream[Any](self.channel(address), method, label, address, self._on_broken))
+                      else FrameStream[Any](self.channel(address), method, label, address, self._on_broken))
             if _LOSS is not None and handler is None and method == transport.EXCHANGE:
                 stream = _Lossy[Any](stream, _LOSS)
             self._streams[(address, method)] = stream

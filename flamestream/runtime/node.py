@@ -43,10 +43,12 @@ from grpc_health.v1 import health, health_pb2
 from flamestream.cluster import ClusterStore, Unauthorized, placement
 from flamestream.core.functions import check_module_name
 from flamestream.core.tick import Tick
-from flamestream.runtime import logs, recovery
+from flamestream.runtime import frames, logs, recovery
 from flamestream.runtime.channels import LocalEndpoints
+from flamestream.runtime.frames import FrameServer, NodeServicer
 from flamestream.runtime.supervision import STREAM_TIMEOUT, Supervisor
 from flamestream.wire import codec, transport
+from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire.security import ADVERTISED, AuthInterceptor, Credentials
 from flamestream.wire.transport import GRPC_OPTIONS
 
@@ -124,7 +126,7 @@ class _Health(health.aio.HealthServicer):
 
 class Node:
     def __init__(self, name: str, roles: list[Role], store: ClusterStore, local: LocalEndpoints, *,
-                 host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = None,
+                 host: str = "127.0.0.1", port: int = 0, frames_port: int = 0, data_dir: Path | None = None,
                  credentials: Credentials | None = None, stream_timeout: float = STREAM_TIMEOUT) -> None:
         """``roles`` were built around ``local`` (their in-process peers) and ``store`` (the node's session).
 
@@ -141,11 +143,14 @@ class Node:
         self.roles = roles
         self.host = host
         self.port = port
+        self.frames_port = frames_port
         self.store = store
         self.server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthInterceptor(credentials.tokens)]
                                       if credentials is not None else None)
+        self.frames = FrameServer(local.streams.get, credentials.ssl_context(server=True) if credentials else None)
         if credentials is not None:
             transport.use_tls(credentials.channel_credentials(with_tokens=False))
+            frames.use_tls(credentials.ssl_context(server=False))
         self.health = _Health()
         self.supervisor = Supervisor(self.health, stream_timeout)
         self.local = local
@@ -167,6 +172,12 @@ class Node:
         for role in self.roles:
             role.register(self.server, self.local)
         codec.add_servicer(self.server, self.health, health_pb2.DESCRIPTOR.services_by_name["Health"])
+        codec.add_servicer(self.server, NodeServicer(self.frames), pb.DESCRIPTOR.services_by_name["Node"])
+        try:
+            await self.frames.start(self.host, self.frames_port)
+        except OSError as exc:
+            raise SystemExit(f"node {self.name}: cannot bind {self.host}:{self.frames_port} for frames ({exc})") \
+                from None
         bind = f"{self.host}:{self.port}"
         port = (self.server.add_secure_port(bind, self.credentials.server_credentials()) if self.credentials
                 else self.server.add_insecure_port(bind))
@@ -362,6 +373,7 @@ class Node:
                 await role.close()
             except Exception:
                 logs.role_logger(role.name).exception("closing %s failed", role.name)
+        await self.frames.close()
         await self.server.stop(grace=1.0)
         await self._close_session()
         if self._lock_fd >= 0:
@@ -422,6 +434,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="node name, for logs and health (default: node-<first role>)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind and advertise, default 127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="port to bind, 0 = any free port (default)")
+    parser.add_argument("--frames-port", type=int, default=0, help="port of the streams from other nodes (exchange, "
+                        "acks, delivery; peers learn it over --port), 0 = any free port (default): set it where a "
+                        "firewall must name the ports")
     parser.add_argument("--data-dir", type=Path, help="input logs, topics and snapshots (DIR/input, DIR/topic, "
                         "DIR/snapshots); nodes of one cluster share it")
     parser.add_argument("--log-file", type=Path, help="append the log here (default: stderr)")

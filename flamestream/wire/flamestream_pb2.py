@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"flamestream/wire/flamestream.proto\x12\x0b\x66lamestream\"\x07\n\x05\x45mpty\"\'\n\nGlobalTime\x12\n\n\x02ts\x18\x01 \x01(\x03\x12\r\n\x05\x66ront\x18\x02 \x01(\x05\"<\n\x05\x45vent\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x08producer\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"1\n\x0bPushRequest\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.flamestream.Event\"H\n\x0cPushResponse\x12\x10\n\x08\x61\x64mitted\x18\x01 \x03(\x08\x12&\n\x05times\x18\x02 \x03(\x0b\x32\x17.flamestream.GlobalTime\"-\n\x03\x41\x63k\x12\n\n\x02ts\x18\x01 \x01(\x03\x12\r\n\x05\x66ront\x18\x02 \x01(\x05\x12\x0b\n\x03xor\x18\x03 \x01(\x06\"f\n\tItemBatch\x12\r\n\x05items\x18\x01 \x01(\x0c\x12\x1e\n\x04\x61\x63ks\x18\x02 \x03(\x0b\x32\x10.flamestream.Ack\x12\x0e\n\x06sender\x18\x03 \x01(\x05\x12\x11\n\x04tick\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_tick\"#\n\x06Report\x12\r\n\x05\x66ront\x18\x01 \x01(\x05\x12\n\n\x02ts\x18\x02 \x01(\x03\"k\n\x08\x41\x63kBatch\x12\x1e\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x10.flamestream.Ack\x12#\n\x06report\x18\x02 \x01(\x0b\x32\x13.flamestream.Report\x12\x11\n\x04tick\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_tick\":\n\x10SubscribeRequest\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x13\n\x0b\x66rom_offset\x18\x02 \x01(\x03\"c\n\x06Record\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12%\n\x04time\x18\x03 \x01(\x0b\x32\x17.flamestream.GlobalTime\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"3\n\x0bRecordBatch\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.flamestream.Record\"A\n\rCommitRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"4\n\x10\x43ommittedRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"\x18\n\x06Offset\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"G\n\x0c\x42\x61rrierStats\x12\x10\n\x08received\x18\x01 \x01(\x04\x12\x10\n\x08released\x18\x02 \x01(\x04\x12\x13\n\x0bretractions\x18\x03 \x01(\x04\x32\x44\n\x05\x46ront\x12;\n\x04Push\x12\x18.flamestream.PushRequest\x1a\x19.flamestream.PushResponse2B\n\x06Worker\x12\x38\n\x08\x45xchange\x12\x16.flamestream.ItemBatch\x1a\x12.flamestream.Empty(\x01\x32z\n\x05\x41\x63ker\x12\x32\n\x03\x41\x63k\x12\x15.flamestream.AckBatch\x1a\x12.flamestream.Empty(\x01\x12=\n\x0cWatchMinTime\x12\x12.flamestream.Empty\x1a\x17.flamestream.GlobalTime0\x01\x32\xbd\x02\n\x07\x42\x61rrier\x12\x37\n\x07\x44\x65liver\x12\x16.flamestream.ItemBatch\x1a\x12.flamestream.Empty(\x01\x12\x46\n\tSubscribe\x12\x1d.flamestream.SubscribeRequest\x1a\x18.flamestream.RecordBatch0\x01\x12\x38\n\x06\x43ommit\x12\x1a.flamestream.CommitRequest\x1a\x12.flamestream.Empty\x12?\n\tCommitted\x12\x1d.flamestream.CommittedRequest\x1a\x13.flamestream.Offset\x12\x36\n\x05Stats\x12\x12.flamestream.Empty\x1a\x19.flamestream.BarrierStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"flamestream/wire/flamestream.proto\x12\x0b\x66lamestream\"\x07\n\x05\x45mpty\"\'\n\nGlobalTime\x12\n\n\x02ts\x18\x01 \x01(\x03\x12\r\n\x05\x66ront\x18\x02 \x01(\x05\"<\n\x05\x45vent\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x08producer\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"1\n\x0bPushRequest\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.flamestream.Event\"H\n\x0cPushResponse\x12\x10\n\x08\x61\x64mitted\x18\x01 \x03(\x08\x12&\n\x05times\x18\x02 \x03(\x0b\x32\x17.flamestream.GlobalTime\"-\n\x03\x41\x63k\x12\n\n\x02ts\x18\x01 \x01(\x03\x12\r\n\x05\x66ront\x18\x02 \x01(\x05\x12\x0b\n\x03xor\x18\x03 \x01(\x06\"f\n\tItemBatch\x12\r\n\x05items\x18\x01 \x01(\x0c\x12\x1e\n\x04\x61\x63ks\x18\x02 \x03(\x0b\x32\x10.flamestream.Ack\x12\x0e\n\x06sender\x18\x03 \x01(\x05\x12\x11\n\x04tick\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_tick\"\x1a\n\nFramesPort\x12\x0c\n\x04port\x18\x01 \x01(\r\"#\n\x06Report\x12\r\n\x05\x66ront\x18\x01 \x01(\x05\x12\n\n\x02ts\x18\x02 \x01(\x03\"k\n\x08\x41\x63kBatch\x12\x1e\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x10.flamestream.Ack\x12#\n\x06report\x18\x02 \x01(\x0b\x32\x13.flamestream.Report\x12\x11\n\x04tick\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_tick\":\n\x10SubscribeRequest\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x13\n\x0b\x66rom_offset\x18\x02 \x01(\x03\"c\n\x06Record\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12%\n\x04time\x18\x03 \x01(\x0b\x32\x17.flamestream.GlobalTime\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"3\n\x0bRecordBatch\x12$\n\x07records\x18\x01 \x03(\x0b\x32\x13.flamestream.Record\"A\n\rCommitRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"4\n\x10\x43ommittedRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"\x18\n\x06Offset\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"G\n\x0c\x42\x61rrierStats\x12\x10\n\x08received\x18\x01 \x01(\x04\x12\x10\n\x08released\x18\x02 \x01(\x04\x12\x13\n\x0bretractions\x18\x03 \x01(\x04\x32\x44\n\x05\x46ront\x12;\n\x04Push\x12\x18.flamestream.PushRequest\x1a\x19.flamestream.PushResponse2B\n\x06Worker\x12\x38\n\x08\x45xchange\x12\x16.flamestream.ItemBatch\x1a\x12.flamestream.Empty(\x01\x32=\n\x04Node\x12\x35\n\x06\x46rames\x12\x12.flamestream.Empty\x1a\x17.flamestream.FramesPort2z\n\x05\x41\x63ker\x12\x32\n\x03\x41\x63k\x12\x15.flamestream.AckBatch\x1a\x12.flamestream.Empty(\x01\x12=\n\x0cWatchMinTime\x12\x12.flamestream.Empty\x1a\x17.flamestream.GlobalTime0\x01\x32\xbd\x02\n\x07\x42\x61rrier\x12\x37\n\x07\x44\x65liver\x12\x16.flamestream.ItemBatch\x1a\x12.flamestream.Empty(\x01\x12\x46\n\tSubscribe\x12\x1d.flamestream.SubscribeRequest\x1a\x18.flamestream.RecordBatch0\x01\x12\x38\n\x06\x43ommit\x12\x1a.flamestream.CommitRequest\x1a\x12.flamestream.Empty\x12?\n\tCommitted\x12\x1d.flamestream.CommittedRequest\x1a\x13.flamestream.Offset\x12\x36\n\x05Stats\x12\x12.flamestream.Empty\x1a\x19.flamestream.BarrierStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,30 +45,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACK']._serialized_end=333
   _globals['_ITEMBATCH']._serialized_start=335
   _globals['_ITEMBATCH']._serialized_end=437
-  _globals['_REPORT']._serialized_start=439
-  _globals['_REPORT']._serialized_end=474
-  _globals['_ACKBATCH']._serialized_start=476
-  _globals['_ACKBATCH']._serialized_end=583
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=585
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=643
-  _globals['_RECORD']._serialized_start=645
-  _globals['_RECORD']._serialized_end=744
-  _globals['_RECORDBATCH']._serialized_start=746
-  _globals['_RECORDBATCH']._serialized_end=797
-  _globals['_COMMITREQUEST']._serialized_start=799
-  _globals['_COMMITREQUEST']._serialized_end=864
-  _globals['_COMMITTEDREQUEST']._serialized_start=866
-  _globals['_COMMITTEDREQUEST']._serialized_end=918
-  _globals['_OFFSET']._serialized_start=920
-  _globals['_OFFSET']._serialized_end=944
-  _globals['_BARRIERSTATS']._serialized_start=946
-  _globals['_BARRIERSTATS']._serialized_end=1017
-  _globals['_FRONT']._serialized_start=1019
-  _globals['_FRONT']._serialized_end=1087
-  _globals['_WORKER']._serialized_start=1089
-  _globals['_WORKER']._serialized_end=1155
-  _globals['_ACKER']._serialized_start=1157
-  _globals['_ACKER']._serialized_end=1279
-  _globals['_BARRIER']._serialized_start=1282
-  _globals['_BARRIER']._serialized_end=1599
+  _globals['_FRAMESPORT']._serialized_start=439
+  _globals['_FRAMESPORT']._serialized_end=465
+  _globals['_REPORT']._serialized_start=467
+  _globals['_REPORT']._serialized_end=502
+  _globals['_ACKBATCH']._serialized_start=504
+  _globals['_ACKBATCH']._serialized_end=611
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=613
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=671
+  _globals['_RECORD']._serialized_start=673
+  _globals['_RECORD']._serialized_end=772
+  _globals['_RECORDBATCH']._serialized_start=774
+  _globals['_RECORDBATCH']._serialized_end=825
+  _globals['_COMMITREQUEST']._serialized_start=827
+  _globals['_COMMITREQUEST']._serialized_end=892
+  _globals['_COMMITTEDREQUEST']._serialized_start=894
+  _globals['_COMMITTEDREQUEST']._serialized_end=946
+  _globals['_OFFSET']._serialized_start=948
+  _globals['_OFFSET']._serialized_end=972
+  _globals['_BARRIERSTATS']._serialized_start=974
+  _globals['_BARRIERSTATS']._serialized_end=1045
+  _globals['_FRONT']._serialized_start=1047
+  _globals['_FRONT']._serialized_end=1115
+  _globals['_WORKER']._serialized_start=1117
+  _globals['_WORKER']._serialized_end=1183
+  _globals['_NODE']._serialized_start=1185
+  _globals['_NODE']._serialized_end=1246
+  _globals['_ACKER']._serialized_start=1248
+  _globals['_ACKER']._serialized_end=1370
+  _globals['_BARRIER']._serialized_start=1373
+  _globals['_BARRIER']._serialized_end=1690
 # @@protoc_insertion_point(module_scope)

@@ -64,6 +64,12 @@ class ItemBatch(_message.Message):
     tick: int
     def __init__(self, items: _Optional[bytes] = ..., acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., sender: _Optional[int] = ..., tick: _Optional[int] = ...) -> None: ...
 
+class FramesPort(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    def __init__(self, port: _Optional[int] = ...) -> None: ...
+
 class Report(_message.Message):
     __slots__ = ("front", "ts")
     FRONT_FIELD_NUMBER: _ClassVar[int]

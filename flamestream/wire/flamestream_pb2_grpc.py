@@ -172,6 +172,87 @@ class Worker:
             _registered_method=True)
 
 
+class NodeStub:
+    """The node's frames listener (flamestream/runtime/frames.py): the streams between members (Exchange, Deliver,
+    Ack) travel there as length-prefixed messages over one TCP (TLS) connection each, not as gRPC calls, because a
+    gRPC message costs each end ~80-100 us of CPU and a thread hand-off; the same messages, the same checks.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Frames = channel.unary_unary(
+                '/flamestream.Node/Frames',
+                request_serializer=flamestream_dot_wire_dot_flamestream__pb2.Empty.SerializeToString,
+                response_deserializer=flamestream_dot_wire_dot_flamestream__pb2.FramesPort.FromString,
+                _registered_method=True)
+
+
+class NodeServicer:
+    """The node's frames listener (flamestream/runtime/frames.py): the streams between members (Exchange, Deliver,
+    Ack) travel there as length-prefixed messages over one TCP (TLS) connection each, not as gRPC calls, because a
+    gRPC message costs each end ~80-100 us of CPU and a thread hand-off; the same messages, the same checks.
+    """
+
+    def Frames(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_NodeServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Frames': grpc.unary_unary_rpc_method_handler(
+                    servicer.Frames,
+                    request_deserializer=flamestream_dot_wire_dot_flamestream__pb2.Empty.FromString,
+                    response_serializer=flamestream_dot_wire_dot_flamestream__pb2.FramesPort.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'flamestream.Node', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('flamestream.Node', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Node:
+    """The node's frames listener (flamestream/runtime/frames.py): the streams between members (Exchange, Deliver,
+    Ack) travel there as length-prefixed messages over one TCP (TLS) connection each, not as gRPC calls, because a
+    gRPC message costs each end ~80-100 us of CPU and a thread hand-off; the same messages, the same checks.
+    """
+
+    @staticmethod
+    def Frames(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flamestream.Node/Frames',
+            flamestream_dot_wire_dot_flamestream__pb2.Empty.SerializeToString,
+            flamestream_dot_wire_dot_flamestream__pb2.FramesPort.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class AckerStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -41,6 +41,8 @@ import dataclasses
 import hmac
 import json
 import os
+import ssl
+import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +142,21 @@ class Credentials:
         if not with_tokens or not self.tokens:
             return tls
         return grpc.composite_channel_credentials(tls, grpc.metadata_call_credentials(_TokenPlugin(self)))
+
+    def ssl_context(self, server: bool) -> ssl.SSLContext:
+        """The same mTLS for a socket (``flamestream.runtime.frames``): this certificate, the CA's to verify the
+        peer, a peer certificate required both ways (a client also checks the server's name, as gRPC does)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=self.ca.decode())
+        with tempfile.TemporaryDirectory() as private:  # the ssl module loads a key from a file only; 0700
+            cert, key = Path(private, "cert.pem"), Path(private, "key.pem")
+            cert.write_bytes(self.cert)
+            key.touch(0o600)
+            key.write_bytes(self.key)
+            context.load_cert_chain(cert, key)
+        return context
 
     def server_credentials(self) -> grpc.ServerCredentials:
         """mTLS: every caller must present a certificate signed by the cluster CA (checked in the handshake)."""

@@ -18,7 +18,8 @@ KEEPALIVE_MS = (10_000, 5_000)
 between members are long-lived and may sit idle (a front with no pushes, a re-send waiting for the min time), and a
 connection cut without a reset (a network partition, a host that vanished) is otherwise noticed only when TCP gives
 up retransmitting a write, many minutes later; with pings, its calls end within ~15 s and the stream counts as broken
-(``flamestream.runtime.hosting.ClientStream``).  Pings may go while no data does (streams are idle by design), and a
+(the min-time watch; the frames between nodes use TCP keepalive with these timings,
+``flamestream.runtime.frames.KEEPALIVE``).  Pings may go while no data does (streams are idle by design), and a
 server accepts them every 5 s (gRPC's default, 5 minutes, would answer these pings with GOAWAY "too_many_pings")."""
 GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -1,0 +1,186 @@
+"""The frames listener against hostile and broken callers, on real sockets (``flamestream.runtime.frames``).
+
+Each test speaks the protocol by hand where it must misbehave (a garbage frame,
+a huge length, a client certificate), and through ``Channels`` where it must not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flamestream.runtime import tls
+from flamestream.runtime.channels import Channels, LocalEndpoints
+from flamestream.runtime.frames import END, FrameServer
+from flamestream.runtime.hosting import StreamBroken
+from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire import flamestream_pb2_grpc as rpc
+from flamestream.wire.security import Credentials
+from flamestream.wire.transport import ACK, EXCHANGE, MAX_MESSAGE_BYTES
+from tests.loopback import start_server, stop_server
+
+
+class Collecting(rpc.WorkerServicer):
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.ends: list[str] = []
+
+    async def Exchange(self, request_iterator: Any, context: Any) -> pb.Empty:
+        try:
+            async for batch in request_iterator:
+                self.got.append(batch.sender)
+        except BaseException as exc:
+            self.ends.append(type(exc).__name__)
+            raise
+        self.ends.append("end")
+        return pb.Empty()
+
+
+def frame(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+async def status_of(reader: asyncio.StreamReader) -> str:
+    (length,) = struct.unpack(">I", await reader.readexactly(4))
+    return (await reader.readexactly(length)).decode()
+
+
+async def call(port: int, *frames: bytes, tls_context: ssl.SSLContext | None = None) -> str:
+    """Open a connection, send ``frames`` as they are, and return the status the server answers with."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls_context,
+                                                   server_hostname="127.0.0.1" if tls_context else None)
+    try:
+        writer.write(b"".join(frames))
+        await writer.drain()
+        async with asyncio.timeout(10):
+            return await status_of(reader)
+    finally:
+        writer.close()
+
+
+def test_a_stream_over_frames_arrives_in_order_and_its_close_is_no_break() -> None:
+    async def scenario() -> None:
+        receiver = Collecting()
+        server, address = await start_server(lambda s: rpc.add_WorkerServicer_to_server(receiver, s),
+                                             {EXCHANGE: receiver.Exchange})
+        broken: list[StreamBroken] = []
+        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
+        try:
+            for sender in range(500):
+                await channels.write(address, EXCHANGE, pb.ItemBatch(sender=sender, items=b"x" * (sender % 7)))
+            await channels.write(address, EXCHANGE, pb.ItemBatch())  # an empty message is a frame of length 0
+        finally:
+            await channels.close()  # returns once the receiver answered END
+            await stop_server(server)
+        assert receiver.got == [*range(500), 0] and receiver.ends == ["end"] and broken == []
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("frames", "status"), [
+    ((frame(EXCHANGE.encode()), frame(b"\xff\xff not a batch")),
+     f"INVALID_ARGUMENT\n{EXCHANGE}: the request is not a flamestream.ItemBatch message"),
+    ((frame(EXCHANGE.encode()), struct.pack(">I", MAX_MESSAGE_BYTES + 1)),
+     f"RESOURCE_EXHAUSTED\na frame of {MAX_MESSAGE_BYTES + 1} bytes"),
+    ((struct.pack(">I", 10_000),), "RESOURCE_EXHAUSTED\na frame of 10000 bytes (at most 256)"),
+    ((frame(b"/flamestream.Front/Push"),), "UNIMPLEMENTED\nno stream"),
+    ((frame(ACK.encode()),), "UNIMPLEMENTED\nno stream"),  # a method this listener's node does not serve
+    ((struct.pack(">I", END),), "UNIMPLEMENTED\nno stream"),
+])
+def test_hostile_frames_end_their_own_call_and_the_listener_goes_on(frames: tuple[bytes, ...], status: str) -> None:
+    """A garbage message, a length beyond the limit (refused before its bytes are read), a method that is not a
+    stream here: each ends its call with a status naming it; the next call is served as if nothing happened."""
+    async def scenario() -> None:
+        receiver = Collecting()
+        listener = FrameServer({EXCHANGE: receiver.Exchange}.get, None)
+        port = await listener.start("127.0.0.1")
+        try:
+            assert (await call(port, *frames)).startswith(status)
+            assert await call(port, frame(EXCHANGE.encode()), frame(pb.ItemBatch(sender=7).SerializeToString()),
+                              struct.pack(">I", END)) == "OK"
+        finally:
+            await listener.close()
+        assert receiver.got[-1] == 7
+
+    asyncio.run(scenario())
+
+
+def test_a_writer_that_vanishes_without_end_cancels_its_call_and_keeps_what_arrived() -> None:
+    """As gRPC cancels a call whose client went away: the handler took what arrived, and its iteration ends with
+    an error rather than as a clean end (which would say the writer closed the stream)."""
+    async def scenario() -> None:
+        receiver = Collecting()
+        listener = FrameServer({EXCHANGE: receiver.Exchange}.get, None)
+        port = await listener.start("127.0.0.1")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(frame(EXCHANGE.encode()) + frame(pb.ItemBatch(sender=1).SerializeToString())
+                         + struct.pack(">I", 99) + b"cut")  # a frame cut short
+            await writer.drain()
+            writer.transport.abort()
+            async with asyncio.timeout(10):
+                while not receiver.ends:
+                    await asyncio.sleep(0.01)
+        finally:
+            await listener.close()
+        assert receiver.got == [1] and receiver.ends == ["_PeerGone"]
+
+    asyncio.run(scenario())
+
+
+def test_a_receiver_that_goes_away_breaks_the_stream_with_unavailable() -> None:
+    async def scenario() -> None:
+        receiver = Collecting()
+        server, address = await start_server(lambda s: rpc.add_WorkerServicer_to_server(receiver, s),
+                                             {EXCHANGE: receiver.Exchange})
+        broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
+        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.put_nowait)
+        try:
+            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
+            async with asyncio.timeout(10):
+                while not receiver.got:
+                    await asyncio.sleep(0.01)
+            await stop_server(server)  # cancels the call under way, as a killed node's kernel resets it
+            async with asyncio.timeout(10):
+                report = await broken.get()
+            assert report.peer == address and "UNAVAILABLE: connection lost" in str(report)
+            with pytest.raises(StreamBroken, match="UNAVAILABLE"):
+                await channels.write(address, EXCHANGE, pb.ItemBatch(sender=2))
+        finally:
+            await channels.close()
+        assert receiver.got == [1]
+
+    asyncio.run(scenario())
+
+
+def test_only_a_node_certificate_may_open_a_secured_frames_stream(tmp_path: Path) -> None:
+    """The clients' certificate is signed by the same CA, so the handshake passes: the listener refuses it
+    itself, since frames carry only internal streams (as ``AuthInterceptor`` does for the same methods)."""
+    directory = tls.init(tmp_path / "tls", [("n0", "127.0.0.1"), ("n1", "127.0.0.1")])
+
+    async def scenario() -> None:
+        receiver = Collecting()
+        listener = FrameServer({EXCHANGE: receiver.Exchange}.get,
+                               Credentials.load(directory, node="n0").ssl_context(server=True))
+        port = await listener.start("127.0.0.1")
+        batch = frame(pb.ItemBatch(sender=5).SerializeToString())
+        try:
+            node = Credentials.load(directory, node="n1").ssl_context(server=False)
+            client = Credentials.load(directory).ssl_context(server=False)
+            assert await call(port, frame(EXCHANGE.encode()), batch, struct.pack(">I", END),
+                              tls_context=node) == "OK"
+            assert (await call(port, frame(EXCHANGE.encode()), batch, struct.pack(">I", END),
+                               tls_context=client)).startswith("PERMISSION_DENIED\n")
+            with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+                await call(port, frame(EXCHANGE.encode()))  # plaintext to a TLS listener: no call at all
+        finally:
+            await listener.close()
+        assert receiver.got == [5]
+
+    asyncio.run(scenario())
+
