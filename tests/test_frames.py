@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from flamestream.runtime import tls
+from flamestream.runtime import frames, tls
 from flamestream.runtime.channels import Channels, LocalEndpoints
 from flamestream.runtime.frames import END, FrameServer
 from flamestream.runtime.hosting import StreamBroken
@@ -106,6 +106,19 @@ def test_hostile_frames_end_their_own_call_and_the_listener_goes_on(frames: tupl
         finally:
             await listener.close()
         assert receiver.got[-1] == 7
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_that_names_no_method_is_closed_after_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        monkeypatch.setattr(frames, "METHOD_WAIT", 0.2)
+        listener = FrameServer({}.get, None)
+        port = await listener.start("127.0.0.1")
+        try:
+            assert await call(port) == "DEADLINE_EXCEEDED\nno method within 0.2 s"  # sends nothing at all
+        finally:
+            await listener.close()
 
     asyncio.run(scenario())
 

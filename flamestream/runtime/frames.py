@@ -65,6 +65,8 @@ END = 0xFFFFFFFF
 """The length that ends a stream: the writer closed it (an empty message is a frame of length 0)."""
 MAX_METHOD = 256
 """Bytes a method path may take: the first frame is read before anything is known of the caller's intent."""
+METHOD_WAIT = 10.0
+"""Seconds a connection may take to name its method: one that never does holds a socket and a task for nothing."""
 OK = b"OK"
 REQUESTS: dict[str, type[Message]] = {transport.EXCHANGE: pb.ItemBatch, transport.DELIVER: pb.ItemBatch,
                                       transport.ACK: pb.AckBatch}
@@ -180,7 +182,11 @@ class FrameServer:
             if self._tls is not None and not _is_node(writer):
                 raise _Refused(grpc.StatusCode.PERMISSION_DENIED, "frames carry internal streams: only cluster "
                                                                   "nodes may open one")
-            method = await self._frame(reader, MAX_METHOD)
+            try:
+                async with asyncio.timeout(METHOD_WAIT):
+                    method = await self._frame(reader, MAX_METHOD)
+            except TimeoutError:
+                raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"no method within {METHOD_WAIT:g} s") from None
             path = method.decode(errors="replace") if method is not None else ""
             kind, handler = REQUESTS.get(path), self._handlers(path)
             if kind is None or handler is None:
