@@ -36,6 +36,7 @@ inverted index at 20 pages/s p50 68 / 72 -> 49 / 46 ms and 99 / 90 / 95 ->
 CLOSE_TIMEOUT = 2.0
 """Seconds a closing stream waits for its receiver to confirm the end, so shutdown cannot hang on a dead peer."""
 
+
 class StreamBroken(Exception):
     """A long-lived call failed; how much of what it carried arrived is unknown.
 
