@@ -7,12 +7,13 @@ the real acker and plays front and worker against both processes.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,11 @@ import pytest
 from flamestream.core import payload as payloads
 from flamestream.core.item import Item
 from flamestream.core.meta import GlobalTime
+from flamestream.runtime.frames import FrameServer
 from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
+from flamestream.wire.transport import ACK
 from tests.test_acker_service import RPC_TIMEOUT, Service, publish_tick, read_until, running
 
 pytestmark = pytest.mark.slow
@@ -51,11 +54,20 @@ class FakeAcker(pb_grpc.AckerServicer):
             for watcher in self._watchers:
                 watcher.put(self._latest)
 
+    def take(self, batch: pb.AckBatch) -> None:
+        self.ticks.append(batch.tick)
+        self.acks.put(codec.acks_of(batch.acks))
+
     def Ack(self, request_iterator: Iterator[pb.AckBatch], context: Any) -> pb.Empty:
         with contextlib.suppress(grpc.RpcError):  # the barrier drops its stream on a new tick and on exit
             for batch in request_iterator:
-                self.ticks.append(batch.tick)
-                self.acks.put(codec.acks_of(batch.acks))
+                self.take(batch)
+        return pb.Empty()
+
+    async def ack_frames(self, requests: AsyncIterator[pb.AckBatch], context: Any) -> pb.Empty:
+        """``Ack`` as a node's barrier calls it: over frames (``flamestream.runtime.frames``)."""
+        async for batch in requests:
+            self.take(batch)
         return pb.Empty()
 
     def WatchMinTime(self, request: pb.Empty, context: Any) -> Iterator[pb.GlobalTime]:
@@ -76,14 +88,34 @@ class FakeAcker(pb_grpc.AckerServicer):
 @contextlib.contextmanager
 def fake_acker() -> Iterator[tuple[FakeAcker, str]]:
     servicer = FakeAcker()
+    loop = asyncio.new_event_loop()  # the frames listener's, on a thread of its own
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    frames = FrameServer({ACK: servicer.ack_frames}.get, None)
+    frames_port = asyncio.run_coroutine_threadsafe(frames.start("127.0.0.1"), loop).result()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     pb_grpc.add_AckerServicer_to_server(servicer, server)
+    pb_grpc.add_NodeServicer_to_server(FramesAt(frames_port), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
         yield servicer, f"127.0.0.1:{port}"
     finally:
         server.stop(0)
+        asyncio.run_coroutine_threadsafe(frames.close(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+class FramesAt(pb_grpc.NodeServicer):
+    """``Node.Frames`` of the fake acker: where the barrier's ack stream goes."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
+        return pb.FramesPort(port=self.port)
 
 
 @contextlib.contextmanager

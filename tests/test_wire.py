@@ -38,6 +38,7 @@ def test_services_expose_the_contract() -> None:
         "Worker": ["Exchange"],
         "Acker": ["Ack", "WatchMinTime"],
         "Barrier": ["Deliver", "Subscribe", "Commit", "Committed", "Stats"],
+        "Node": ["Frames"],
     }
 
 
