@@ -192,9 +192,7 @@ class FrameServer:
             if kind is None or handler is None:
                 raise _Refused(grpc.StatusCode.UNIMPLEMENTED, f"no stream {method!r:.80} here")
             await handler(self._requests(reader, kind, path), LocalContext())
-        except _Refused as exc:
-            return _status(exc.code, exc.details)
-        except LocalAbort as exc:
+        except (_Refused, LocalAbort) as exc:  # refused here, or the handler aborted its call
             return _status(exc.code, exc.details)
         except (_PeerGone, asyncio.CancelledError):
             raise
