@@ -11,7 +11,8 @@ from pathlib import Path
 
 import grpc
 
-from flamestream.runtime.frames import FrameServer, NodeServicer, StreamHandler
+from flamestream.runtime.frames import FrameServer, NodeServicer
+from flamestream.runtime.hosting import StreamHandler
 from flamestream.wire import flamestream_pb2_grpc as rpc
 
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 from flamestream.runtime.frames import FrameStream
-from flamestream.runtime.hosting import CLOSE_TIMEOUT, LocalContext, StreamBroken, describe
+from flamestream.runtime.hosting import CLOSE_TIMEOUT, LocalContext, StreamBroken, StreamHandler, describe
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.wire import transport
@@ -45,8 +45,6 @@ LOCAL_QUEUE = 64
 _M = TypeVar("_M", bound=Message)
 _M_contra = TypeVar("_M_contra", bound=Message, contravariant=True)
 
-StreamHandler = Callable[[AsyncIterator[Any], Any], Coroutine[Any, Any, Any]]
-"""A servicer's client-streaming method: (request iterator, context) -> response."""
 
 MinTimeWatch = Callable[[pb.Empty, Any], AsyncIterator[pb.GlobalTime]]
 """The acker servicer's ``WatchMinTime``."""

@@ -39,7 +39,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -51,6 +51,7 @@ from flamestream.runtime.hosting import (
     LocalAbort,
     LocalContext,
     StreamBroken,
+    StreamHandler,
     describe,
     never_connected,
 )
@@ -78,7 +79,6 @@ KEEPALIVE = ((socket.TCP_KEEPIDLE, transport.KEEPALIVE_MS[0] // 1000),
 """gRPC's keepalive as TCP options: probe after 10 s idle, give up 5 s later; unacknowledged writes 15 s."""
 
 _M = TypeVar("_M", bound=Message)
-StreamHandler = Callable[[AsyncIterator[Any], Any], Coroutine[Any, Any, Any]]
 
 
 class _Refused(Exception):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, NoReturn
 
 import grpc
@@ -56,6 +56,10 @@ class StreamBroken(Exception):
             raise cls(message, peer) from cause
         except cls as error:
             return error
+
+
+StreamHandler = Callable[[AsyncIterator[Any], Any], Coroutine[Any, Any, Any]]
+"""A servicer's client-streaming method: (request iterator, context) -> response; what both kinds of stream call."""
 
 
 class LocalAbort(Exception):
