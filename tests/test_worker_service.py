@@ -7,7 +7,8 @@ import contextlib
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from examples import wordcount
 from flamestream.cluster import ClusterStore
 from flamestream.core import payload as payloads
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.wire import codec
@@ -147,3 +148,90 @@ def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: s
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+class Recorder(rpc.AckerServicer, rpc.BarrierServicer):
+    """Stand-ins that note, when each stream ends, whether the worker's hand-over snapshot was registered."""
+
+    def __init__(self, registered: Callable[[], bool]) -> None:
+        self.registered = registered
+        self.carried: set[str] = set()
+        self.ended: list[tuple[str, bool]] = []
+        """(method, the snapshot was registered already) of each stream that carried something and ended."""
+        self.min_times: asyncio.Queue[pb.GlobalTime] = asyncio.Queue()
+
+    async def _drain(self, method: str, request_iterator: Any) -> pb.Empty:
+        carried = False
+        async for _batch in request_iterator:
+            carried = True
+            self.carried.add(method)
+        if carried:
+            self.ended.append((method, await asyncio.to_thread(self.registered)))
+        return pb.Empty()
+
+    async def Ack(self, request_iterator: Any, context: Any) -> pb.Empty:
+        return await self._drain("Ack", request_iterator)
+
+    async def Deliver(self, request_iterator: Any, context: Any) -> pb.Empty:
+        return await self._drain("Deliver", request_iterator)
+
+    async def WatchMinTime(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.GlobalTime]:
+        while True:
+            yield await self.min_times.get()
+
+
+async def handover(zookeeper: str, cluster: str, data_dir: Path) -> list[tuple[str, bool]]:
+    """Tick 0 opens the worker's Ack and Deliver streams, tick 1 takes its state over: ``Recorder.ended``."""
+    start = GlobalTime(10, 0)
+    with ClusterStore(zookeeper, cluster=cluster) as store:
+        recorder = Recorder(lambda: boundary_name(start) in store.complete_snapshots(0, 1))
+
+        def register(server: grpc.aio.Server) -> None:
+            rpc.add_AckerServicer_to_server(recorder, server)
+            rpc.add_BarrierServicer_to_server(recorder, server)
+
+        server, here = await start_server(register, {ACK: recorder.Ack, DELIVER: recorder.Deliver})
+        worker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--zookeeper", zookeeper,
+                                   "--cluster", cluster, "--name", "node", "--worker", "0", "--data-dir",
+                                   str(data_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            assert worker.stdout is not None
+            ready = (await asyncio.to_thread(worker.stdout.readline)).split()
+            assert ready[:2] == ["ready", "node"], ready
+            tick = Tick(0, GlobalTime(0, 0), wordcount.graph().to_dict(), Layout.even(1), workers=(ready[2],),
+                        fronts=(0,), acker=here, barriers=((0, here),))
+            store.publish_tick(tick.to_dict())
+            plan = compile_graph(wordcount.graph())
+            gt = GlobalTime(5, 0)
+            batch = codec.encode_batch([(plan.entry, plan.entry_balance("a dog"), ("a dog", gt, (0,), False))],
+                                       codec.new_acks([gt]), sender=-1, tick=0)
+            async with grpc.aio.insecure_channel(ready[2]) as channel:
+                call = rpc.WorkerStub(channel).Exchange()
+                await call.write(batch)
+                deadline = asyncio.get_running_loop().time() + 30
+                while recorder.carried != {"Ack", "Deliver"}:  # tick 0's streams are open
+                    assert asyncio.get_running_loop().time() < deadline, recorder.carried
+                    await asyncio.sleep(0.05)
+                store.publish_tick(replace(tick, number=1, start=start, previous=0).to_dict())
+                # The min time passes tick 1's start until the snapshot is there: the worker may apply tick 1 after
+                # the first one came.
+                while not await asyncio.to_thread(recorder.registered):
+                    assert asyncio.get_running_loop().time() < deadline + 30, "no hand-over snapshot"
+                    await recorder.min_times.put(pb.GlobalTime(ts=start.ts + 1))
+                    await asyncio.sleep(0.1)
+                await call.done_writing()
+            return recorder.ended
+        finally:
+            worker.terminate()
+            assert await asyncio.to_thread(worker.wait, 20) == 0
+            await stop_server(server)
+
+
+def test_a_handed_over_tick_closes_its_streams_before_it_registers_its_snapshot(
+        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
+    """`scale` stops the nodes that leave once every worker registered its hand-over snapshot: a stream of the old
+    tick still open to one of them then broke, and the supervisor's probe (the peer refuses) restarted this node —
+    and with it, for the recovery, the whole cluster."""
+    ended = asyncio.run(handover(zookeeper, cluster_name, tmp_path))
+    assert sorted(method for method, _ in ended) == ["Ack", "Deliver"], ended
+    assert all(not registered for _, registered in ended), ended

@@ -475,11 +475,13 @@ class WorkerService(rpc.WorkerServicer):
         previous, current, end = self.previous, self.current, self.handover_at
         if previous is not None and end is not None:
             if min_time >= end:
-                # Nothing below the boundary is left anywhere: hand the state below it over, then retire.
+                # Nothing below the boundary is left anywhere: retire, then hand the state below it over.  The
+                # streams close first: the registered snapshot tells `scale` it may stop the nodes that leave,
+                # and a stream still open to one would break, and the peer's probe restart this node.
                 self.previous = self.handover_at = None
                 state = previous.core.snapshot(end)
-                await self._write(previous, end, functools.partial(write_snapshot, state=state))
                 await previous.streams.close()
+                await self._write(previous, end, functools.partial(write_snapshot, state=state))
             else:
                 previous.core.on_min_time(min_time)
         if current is not None and current.restored.is_set():
