@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from flamestream.runtime import frames, tls
@@ -197,3 +198,71 @@ def test_only_a_node_certificate_may_open_a_secured_frames_stream(tmp_path: Path
 
     asyncio.run(scenario())
 
+
+
+class Refusing(rpc.WorkerServicer):
+    """Aborts its call at the first batch with a megabyte of details (a handler quoting what it refused)."""
+
+    async def Exchange(self, request_iterator: Any, context: Any) -> pb.Empty:
+        async for _batch in request_iterator:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "é" * 500_000)
+        return pb.Empty()
+
+
+def test_a_long_status_is_cut_to_its_limit_and_still_names_its_code() -> None:
+    async def scenario() -> None:
+        receiver = Refusing()
+        server, address = await start_server(lambda s: rpc.add_WorkerServicer_to_server(receiver, s),
+                                             {EXCHANGE: receiver.Exchange})
+        broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
+        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.put_nowait)
+        try:
+            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
+            async with asyncio.timeout(10):
+                report = await broken.get()
+        finally:
+            await channels.close()
+            await stop_server(server)
+        assert "INVALID_ARGUMENT: éé" in str(report)
+        assert len(str(report).encode()) < frames.STATUS_BYTES + 200  # cut mid-character: replaced, not an error
+
+    asyncio.run(scenario())
+
+
+class PortOf(rpc.NodeServicer):
+    """``Node.Frames`` pointing at a listener of the test's own."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
+        return pb.FramesPort(port=self.port)
+
+
+def test_a_status_frame_over_the_limit_breaks_the_stream_unread() -> None:
+    """A receiver that answers with a 50 MB status: the writer refuses the length and reports the stream broken,
+    without waiting for (or holding) the bytes."""
+    async def scenario() -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(struct.unpack(">I", await reader.readexactly(4))[0])  # the method
+            writer.write(struct.pack(">I", 50_000_000) + b"x" * 100)
+            await writer.drain()
+            await asyncio.sleep(30)  # holds the connection open: the writer must not wait for the rest
+
+        raw = await asyncio.start_server(answer, "127.0.0.1", 0)
+        server, address = await start_server(
+            lambda s: rpc.add_NodeServicer_to_server(PortOf(raw.sockets[0].getsockname()[1]), s))
+        broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
+        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.put_nowait)
+        try:
+            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
+            async with asyncio.timeout(10):
+                report = await broken.get()
+        finally:
+            await channels.close()
+            await stop_server(server)
+            raw.close()
+        assert "UNAVAILABLE: connection lost" in str(report)
+        assert f"a frame of 50000000 bytes (at most {frames.STATUS_BYTES})" in str(report)
+
+    asyncio.run(scenario())

@@ -69,6 +69,9 @@ MAX_METHOD = 256
 METHOD_WAIT = 10.0
 """Seconds a connection may take to name its method: one that never does holds a socket and a task for nothing."""
 OK = b"OK"
+STATUS_BYTES = 4096
+"""Bytes a call's status frame may take.  gRPC carries a status in trailers of at most 8 KiB; a writer reads the
+status before anything else of its receiver, so a longer one is cut by the receiver and refused by the writer."""
 REQUESTS: dict[str, type[Message]] = {transport.EXCHANGE: pb.ItemBatch, transport.DELIVER: pb.ItemBatch,
                                       transport.ACK: pb.AckBatch}
 """The methods frames carry, and the type of each one's messages."""
@@ -123,7 +126,8 @@ def _lost(exc: BaseException) -> str:
 
 
 def _status(code: grpc.StatusCode, details: str) -> bytes:
-    return _frame(OK if code == grpc.StatusCode.OK else f"{code.name}\n{details}".encode())
+    """The status frame; details cut to ``STATUS_BYTES`` (a cut UTF-8 character is replaced when read)."""
+    return _frame(OK if code == grpc.StatusCode.OK else f"{code.name}\n{details}".encode()[:STATUS_BYTES])
 
 
 def _is_node(writer: asyncio.StreamWriter) -> bool:
@@ -342,7 +346,7 @@ class FrameStream(Generic[_M]):
     async def _watch(self, reader: asyncio.StreamReader) -> str:
         """Wait for the call's status; report a status its writer did not ask for (by closing) as a break."""
         try:
-            data = await _read_frame(reader, transport.MAX_MESSAGE_BYTES)
+            data = await _read_frame(reader, STATUS_BYTES)
             ended = "the receiver ended it" if data in (None, OK) else data.decode(errors="replace").replace(
                 "\n", ": ", 1)
         except (asyncio.IncompleteReadError, OSError, _Refused) as exc:  # OSError: a reset, a keepalive's timeout
