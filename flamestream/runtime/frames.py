@@ -55,9 +55,9 @@ from flamestream.runtime.hosting import (
     describe,
     never_connected,
 )
+from flamestream.wire import codec, security, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from flamestream.wire import security, transport
 
 log = logging.getLogger("flamestream.frames")
 
@@ -223,7 +223,7 @@ class FrameServer:
                 message = kind.FromString(data)
             except DecodeError as exc:
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"{path}: the request is not a {kind.DESCRIPTOR.full_name} message ({exc})") from None
+                               codec.not_a_message(path, kind.DESCRIPTOR.full_name, exc)) from None
             yield message
 
 

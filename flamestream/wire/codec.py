@@ -280,13 +280,18 @@ _Context = grpc.aio.ServicerContext[Any, Any]
 _Parse = Callable[[bytes, _Context], Any]
 
 
+def not_a_message(path: str, kind: str, exc: DecodeError) -> str:
+    """Why a request of ``path`` was refused as undecodable (``kind``: its message type's full name): the same
+    words over gRPC and over frames."""
+    return f"{path}: the request is not a {kind} message ({exc})"
+
+
 def _parser(parse: Callable[[bytes], Message], path: str, kind: str) -> _Parse:
     async def parsed(data: bytes, context: _Context) -> Message:
         try:
             return parse(data)
         except DecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"{path}: the request is not a {kind} message ({exc})")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, not_a_message(path, kind, exc))
     return parsed
 
 
