@@ -199,7 +199,6 @@ def test_only_a_node_certificate_may_open_a_secured_frames_stream(tmp_path: Path
     asyncio.run(scenario())
 
 
-
 class Refusing(rpc.WorkerServicer):
     """Aborts its call at the first batch with a megabyte of details (a handler quoting what it refused)."""
 
