@@ -199,6 +199,18 @@ def test_only_a_node_certificate_may_open_a_secured_frames_stream(tmp_path: Path
     asyncio.run(scenario())
 
 
+async def first_break(address: str) -> StreamBroken:
+    """Write one batch to ``address`` over frames; the break its stream reports (within 10 s)."""
+    broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
+    channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.put_nowait)
+    try:
+        await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
+        async with asyncio.timeout(10):
+            return await broken.get()
+    finally:
+        await channels.close()
+
+
 class Refusing(rpc.WorkerServicer):
     """Aborts its call at the first batch with a megabyte of details (a handler quoting what it refused)."""
 
@@ -213,14 +225,9 @@ def test_a_long_status_is_cut_to_its_limit_and_still_names_its_code() -> None:
         receiver = Refusing()
         server, address = await start_server(lambda s: rpc.add_WorkerServicer_to_server(receiver, s),
                                              {EXCHANGE: receiver.Exchange})
-        broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
-        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.put_nowait)
         try:
-            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
-            async with asyncio.timeout(10):
-                report = await broken.get()
+            report = await first_break(address)
         finally:
-            await channels.close()
             await stop_server(server)
         assert "INVALID_ARGUMENT: éé" in str(report)
         assert len(str(report).encode()) < frames.STATUS_BYTES + 200  # cut mid-character: replaced, not an error
@@ -251,14 +258,9 @@ def test_a_status_frame_over_the_limit_breaks_the_stream_unread() -> None:
         raw = await asyncio.start_server(answer, "127.0.0.1", 0)
         server, address = await start_server(
             lambda s: rpc.add_NodeServicer_to_server(PortOf(raw.sockets[0].getsockname()[1]), s))
-        broken: asyncio.Queue[StreamBroken] = asyncio.Queue()
-        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.put_nowait)
         try:
-            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=1))
-            async with asyncio.timeout(10):
-                report = await broken.get()
+            report = await first_break(address)
         finally:
-            await channels.close()
             await stop_server(server)
             raw.close()
         assert "UNAVAILABLE: connection lost" in str(report)
