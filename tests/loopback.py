@@ -8,11 +8,13 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from flamestream.runtime.frames import FrameServer, NodeServicer
 from flamestream.runtime.hosting import StreamHandler
+from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 
 
@@ -34,6 +36,17 @@ async def start_server(register: Callable[[grpc.aio.Server], None],
 
 
 _FRAMES: dict[grpc.aio.Server, FrameServer] = {}
+
+
+class FramesAt(rpc.NodeServicer):
+    """``Node.Frames`` answering with a frames listener of the test's own (a sync method: it serves on a
+    ``grpc.server`` and on a ``grpc.aio`` one alike)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
+        return pb.FramesPort(port=self.port)
 
 
 async def stop_server(server: grpc.aio.Server) -> None:

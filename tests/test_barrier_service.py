@@ -29,6 +29,7 @@ from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
 from flamestream.wire.transport import ACK
+from tests.loopback import FramesAt
 from tests.test_acker_service import RPC_TIMEOUT, Service, publish_tick, read_until, running
 
 pytestmark = pytest.mark.slow
@@ -106,16 +107,6 @@ def fake_acker() -> Iterator[tuple[FakeAcker, str]]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
-
-
-class FramesAt(pb_grpc.NodeServicer):
-    """``Node.Frames`` of the fake acker: where the barrier's ack stream goes."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
-        return pb.FramesPort(port=self.port)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.wire.security import Credentials
 from flamestream.wire.transport import ACK, EXCHANGE, MAX_MESSAGE_BYTES
-from tests.loopback import start_server, stop_server
+from tests.loopback import FramesAt, start_server, stop_server
 
 
 class Collecting(rpc.WorkerServicer):
@@ -235,16 +235,6 @@ def test_a_long_status_is_cut_to_its_limit_and_still_names_its_code() -> None:
     asyncio.run(scenario())
 
 
-class PortOf(rpc.NodeServicer):
-    """``Node.Frames`` pointing at a listener of the test's own."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
-        return pb.FramesPort(port=self.port)
-
-
 def test_a_status_frame_over_the_limit_breaks_the_stream_unread() -> None:
     """A receiver that answers with a 50 MB status: the writer refuses the length and reports the stream broken,
     without waiting for (or holding) the bytes."""
@@ -257,7 +247,7 @@ def test_a_status_frame_over_the_limit_breaks_the_stream_unread() -> None:
 
         raw = await asyncio.start_server(answer, "127.0.0.1", 0)
         server, address = await start_server(
-            lambda s: rpc.add_NodeServicer_to_server(PortOf(raw.sockets[0].getsockname()[1]), s))
+            lambda s: rpc.add_NodeServicer_to_server(FramesAt(raw.sockets[0].getsockname()[1]), s))
         try:
             report = await first_break(address)
         finally:
