@@ -60,9 +60,11 @@ def xor_all(acks: list[dict[GlobalTime, int]], gt: GlobalTime) -> int:
     return reduce(lambda a, b: a ^ b, (a.get(gt, 0) for a in acks), 0)
 
 
-async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
-    """Run the worker with ``flags``; return the sizes of the batches it delivered to the barrier."""
-    stand_ins = StandIns()
+@contextlib.asynccontextmanager
+async def worker_beside(stand_ins: StandIns, zookeeper: str, cluster: str,
+                        flags: list[str]) -> AsyncIterator[tuple[str, str]]:
+    """A worker process run with ``flags``, and ``stand_ins`` serving as its acker and barrier (over gRPC and
+    frames): (the stand-ins' address, the worker's).  It must exit 0 when terminated."""
     def register(server: grpc.aio.Server) -> None:
         rpc.add_AckerServicer_to_server(stand_ins, server)
         rpc.add_BarrierServicer_to_server(stand_ins, server)
@@ -75,16 +77,27 @@ async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
         assert worker.stdout is not None
         ready = (await asyncio.to_thread(worker.stdout.readline)).split()
         assert ready[:2] == ["ready", "node"], ready
+        yield here, ready[2]
+    finally:
+        worker.terminate()
+        assert await asyncio.to_thread(worker.wait, 20) == 0
+        await stop_server(server)
+
+
+async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
+    """Run the worker with ``flags``; return the sizes of the batches it delivered to the barrier."""
+    stand_ins = StandIns()
+    async with worker_beside(stand_ins, zookeeper, cluster, flags) as (here, address):
         graph = wordcount.graph().to_dict()
         with ClusterStore(zookeeper, cluster=cluster) as store:
-            store.publish_tick(Tick(0, GlobalTime(0, 0), graph, Layout.even(1), workers=(ready[2],), fronts=(0,),
+            store.publish_tick(Tick(0, GlobalTime(0, 0), graph, Layout.even(1), workers=(address,), fronts=(0,),
                                     acker=here, barriers=((0, here),)).to_dict())
         plan = compile_graph(wordcount.graph())
         gt = GlobalTime(5, 0)
         envelopes = [(plan.entry, plan.entry_balance(line), (line, gt, (seq,), False))
                      for seq, line in enumerate(["a dog", "a dog and a cat"])]
         sent = codec.new_acks([gt])
-        async with grpc.aio.insecure_channel(ready[2]) as channel:
+        async with grpc.aio.insecure_channel(address) as channel:
             call = rpc.WorkerStub(channel).Exchange()
             await call.write(codec.encode_batch(envelopes, sent, sender=-1, tick=0))
             for _ in range(100):
@@ -105,10 +118,6 @@ async def scenario(zookeeper: str, cluster: str, flags: list[str]) -> list[int]:
         # and the barrier's own receipt acks (not sent by this stand-in) would cancel the rest.
         assert xor_all(stand_ins.acks + [acks for _, acks in stand_ins.delivered], gt) == sent[gt]
         return [len(items) for items, _ in stand_ins.delivered]
-    finally:
-        worker.terminate()
-        assert await asyncio.to_thread(worker.wait, 20) == 0
-        await stop_server(server)
 
 
 def test_worker_processes_batches_and_acks_per_step(zookeeper: str, cluster_name: str) -> None:
@@ -150,15 +159,15 @@ def test_worker_that_cannot_deliver_dies_visibly(zookeeper: str, cluster_name: s
             worker.wait()
 
 
-class Recorder(rpc.AckerServicer, rpc.BarrierServicer):
+class Recorder(StandIns):
     """Stand-ins that note, when each stream ends, whether the worker's hand-over snapshot was registered."""
 
     def __init__(self, registered: Callable[[], bool]) -> None:
+        super().__init__()
         self.registered = registered
         self.carried: set[str] = set()
         self.ended: list[tuple[str, bool]] = []
         """(method, the snapshot was registered already) of each stream that carried something and ended."""
-        self.min_times: asyncio.Queue[pb.GlobalTime] = asyncio.Queue()
 
     async def _drain(self, method: str, request_iterator: Any) -> pb.Empty:
         carried = False
@@ -175,10 +184,6 @@ class Recorder(rpc.AckerServicer, rpc.BarrierServicer):
     async def Deliver(self, request_iterator: Any, context: Any) -> pb.Empty:
         return await self._drain("Deliver", request_iterator)
 
-    async def WatchMinTime(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.GlobalTime]:
-        while True:
-            yield await self.min_times.get()
-
 
 async def handover(zookeeper: str, cluster: str, data_dir: Path) -> list[tuple[str, bool]]:
     """Tick 0 opens the worker's Ack and Deliver streams, tick 1 takes its state over: ``Recorder.ended``."""
@@ -186,26 +191,15 @@ async def handover(zookeeper: str, cluster: str, data_dir: Path) -> list[tuple[s
     with ClusterStore(zookeeper, cluster=cluster) as store:
         recorder = Recorder(lambda: boundary_name(start) in store.complete_snapshots(0, 1))
 
-        def register(server: grpc.aio.Server) -> None:
-            rpc.add_AckerServicer_to_server(recorder, server)
-            rpc.add_BarrierServicer_to_server(recorder, server)
-
-        server, here = await start_server(register, {ACK: recorder.Ack, DELIVER: recorder.Deliver})
-        worker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--zookeeper", zookeeper,
-                                   "--cluster", cluster, "--name", "node", "--worker", "0", "--data-dir",
-                                   str(data_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        try:
-            assert worker.stdout is not None
-            ready = (await asyncio.to_thread(worker.stdout.readline)).split()
-            assert ready[:2] == ["ready", "node"], ready
-            tick = Tick(0, GlobalTime(0, 0), wordcount.graph().to_dict(), Layout.even(1), workers=(ready[2],),
+        async with worker_beside(recorder, zookeeper, cluster, ["--data-dir", str(data_dir)]) as (here, address):
+            tick = Tick(0, GlobalTime(0, 0), wordcount.graph().to_dict(), Layout.even(1), workers=(address,),
                         fronts=(0,), acker=here, barriers=((0, here),))
             store.publish_tick(tick.to_dict())
             plan = compile_graph(wordcount.graph())
             gt = GlobalTime(5, 0)
             batch = codec.encode_batch([(plan.entry, plan.entry_balance("a dog"), ("a dog", gt, (0,), False))],
                                        codec.new_acks([gt]), sender=-1, tick=0)
-            async with grpc.aio.insecure_channel(ready[2]) as channel:
+            async with grpc.aio.insecure_channel(address) as channel:
                 call = rpc.WorkerStub(channel).Exchange()
                 await call.write(batch)
                 deadline = asyncio.get_running_loop().time() + 30
@@ -220,11 +214,7 @@ async def handover(zookeeper: str, cluster: str, data_dir: Path) -> list[tuple[s
                     await recorder.min_times.put(pb.GlobalTime(ts=start.ts + 1))
                     await asyncio.sleep(0.1)
                 await call.done_writing()
-            return recorder.ended
-        finally:
-            worker.terminate()
-            assert await asyncio.to_thread(worker.wait, 20) == 0
-            await stop_server(server)
+        return recorder.ended
 
 
 def test_a_handed_over_tick_closes_its_streams_before_it_registers_its_snapshot(
