@@ -65,8 +65,14 @@ _MAX_DELAY = 0.5
 """Seconds between retries at most: a restarted member is noticed within this long of coming back (a cluster's
 recovery takes 1-3 s, and with 2 s here a consumer often resumed seconds after the stream had)."""
 
+RETRIES = 64
+"""Retries of one request by default: about 30 s at ``_MAX_DELAY`` apart.  A kill's recovery takes 1-3 s, but
+up to 20 s on a loaded machine or under Docker's vfs storage, and a push that gives up there is the user's to
+retry; 5 s (13 retries) was too little for docker-compose's restarted node."""
+
 # FAILED_PRECONDITION is what a front answers until it has seen the first tick
-# (right after a deploy); UNAVAILABLE is a member that is restarting or gone.
+# (right after a deploy); UNAVAILABLE is a member that is restarting or gone, or a restarted front
+# waiting for its recovery tick.
 _RETRYABLE = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE})
 
 
@@ -250,7 +256,7 @@ class AsyncClient:
 
     ``retries``/``backoff``: how often and how patiently retryable failures
     (FAILED_PRECONDITION, UNAVAILABLE) are retried, the delay doubling from
-    ``backoff`` up to 0.5 s; the defaults ride out roughly 5 s.
+    ``backoff`` up to 0.5 s; the defaults ride out roughly 30 s (``RETRIES``).
 
     ``credentials``: the directory ``flamestream up`` made (``DIR/tls``, or a copy with only the tokens this
     user may have); default ``$FLAMESTREAM_CREDENTIALS``.  Neither: the directory the cluster's nodes advertise
@@ -260,7 +266,7 @@ class AsyncClient:
     needs, and ZooKeeper writes (deploy, scale) use its admin digest.
     """
 
-    def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = 13, backoff: float = 0.1,
+    def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = RETRIES, backoff: float = 0.1,
                  rpc_timeout: float = 30.0, connect_timeout: float = 10.0,
                  credentials: str | os.PathLike[str] | None = None) -> None:
         path = find_credentials(credentials)
@@ -804,7 +810,7 @@ class Client:
     be reused across calls.
     """
 
-    def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = 13, backoff: float = 0.1,
+    def __init__(self, zookeeper: str, cluster: str = "default", *, retries: int = RETRIES, backoff: float = 0.1,
                  rpc_timeout: float = 30.0, connect_timeout: float = 10.0,
                  credentials: str | os.PathLike[str] | None = None) -> None:
         self._loop = asyncio.new_event_loop()

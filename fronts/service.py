@@ -49,7 +49,7 @@ ROLE = "front"
 SEGMENT_BYTES = 64 * 1024 * 1024
 """Input-log segment size (``--log-segment-bytes``): retention deletes whole segments, so smaller ones follow
 the oldest retained snapshot more closely (and cost a file pair each)."""
-NO_GRAPH = "no graph deployed; run `flamestream deploy`"
+NO_GRAPH = (grpc.StatusCode.FAILED_PRECONDITION, "no graph deployed; run `flamestream deploy`")
 MAX_PUSH_BYTES = 8 * 1024 * 1024
 """Largest Push request (``--max-push-bytes``): one request is decoded, validated and logged as a whole."""
 MAX_IN_FLIGHT_EVENTS = 100_000
@@ -288,6 +288,7 @@ class FrontService(rpc.FrontServicer):
         self.lease = (StampingLease(store, front_id, lambda: self._clock.next_ts(_now_ms()), lambda: self._known,
                                     self.deploy) if store is not None else None)
         self._refusal = NO_GRAPH
+        """What a push hears while there is no route: its status code and why."""
         self._lock = asyncio.Lock()
         """Orders pushes and reports: a report is written after the acks of everything stamped before it."""
         self._reports: asyncio.Task[None] | None = None
@@ -313,6 +314,10 @@ class FrontService(rpc.FrontServicer):
     def skip_through(self, tick: int) -> None:
         """Take no tick up to ``tick`` (a restarted front must not route under its predecessor's tick)."""
         self._known = max(self._known, tick)
+        # Not "no graph deployed": the graph is there, and this front takes pushes again once the recovery its
+        # restart set off is deployed.  UNAVAILABLE says "try again" to any gRPC client, not only to ours.
+        self._refusal = (grpc.StatusCode.UNAVAILABLE, f"front {self.front_id} restarted while tick {tick} ran; "
+                         "it takes pushes again once the cluster's recovery tick is deployed")
 
     async def deploy(self, tick: Tick) -> None:
         """Switch to ``tick``: its graph, workers and acker, or refuse pushes if it leaves this front out.
@@ -347,7 +352,7 @@ class FrontService(rpc.FrontServicer):
                 old, self._next = self._next, route
                 self.logger.info("tick %d takes over from tick %d at %s", tick.number, tick.previous, tick.start)
             else:
-                old, self._route, self._refusal = current, route, refusal
+                old, self._route, self._refusal = current, route, (grpc.StatusCode.FAILED_PRECONDITION, refusal)
                 behind, self._behind = self._behind, None
                 if behind is not None and behind.pacer is not None:
                     # A tick that replaces the current one outright also ends an older tick's catching up: a
@@ -556,7 +561,7 @@ class FrontService(rpc.FrontServicer):
             ts = self._clock.next_ts(now)
             route = await self._switch_if_due(ts)
             if route is None:
-                raise _Rejected(grpc.StatusCode.FAILED_PRECONDITION, self._refusal)
+                raise _Rejected(*self._refusal)
             if route.broken is not None:
                 raise _Rejected(grpc.StatusCode.UNAVAILABLE, route.broken)
             self._check_credit(len(request.events))  # again under the lock: concurrent pushes took credit
@@ -1035,7 +1040,8 @@ class FrontService(rpc.FrontServicer):
     async def close(self) -> None:
         """Stop reporting, end the streams cleanly and close the input log."""
         async with self._lock:  # no push or report is half done once this is held
-            route, self._route, self._refusal = self._route, None, "front is shutting down"
+            route, self._route = self._route, None
+            self._refusal = (grpc.StatusCode.UNAVAILABLE, "front is shutting down")
             if self._reports is not None:
                 self._reports.cancel()
         if self._reports is not None:

@@ -34,7 +34,8 @@ from flamestream.core.meta import GlobalTime
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.fronts.producers import ProducerTable
-from flamestream.fronts.service import CHUNK_BYTES, SEND_WINDOW_BYTES, _logged_since
+from flamestream.fronts.service import CHUNK_BYTES, SEND_WINDOW_BYTES, FrontService, _logged_since
+from flamestream.runtime.channels import LocalEndpoints
 from flamestream.storage.input_log import encode_record, front_log_dir, read_checkpoint
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import codec
@@ -246,13 +247,14 @@ async def push(stub: Any, events: Sequence[pb.Event]) -> pb.PushResponse:
 
 
 async def push_once_deployed(stub: Any, events: Sequence[pb.Event]) -> pb.PushResponse:
-    """Push, retrying while the front has not yet seen the tick."""
+    """Push, retrying while the front has not yet seen the tick (FAILED_PRECONDITION; UNAVAILABLE once restarted)."""
     deadline = time.monotonic() + WAIT
     while True:
         try:
             return await push(stub, events)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
+            restarted = exc.code() == grpc.StatusCode.UNAVAILABLE and "recovery tick" in (exc.details() or "")
+            if not (exc.code() == grpc.StatusCode.FAILED_PRECONDITION or restarted) or time.monotonic() > deadline:
                 raise
         await asyncio.sleep(0.02)
 
@@ -850,6 +852,30 @@ def test_a_recovery_with_nothing_to_send_again_lets_reports_pass_its_start(zooke
             assert after > recovery.start
             await eventually(lambda: len(cluster.acker.streams) == 2 and max(cluster.acker.streams[1]) > after.ts,
                              "a report past the push after the recovery")
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_front_refuses_pushes_as_unavailable_until_its_recovery_tick(tmp_path: Path) -> None:
+    """Not "no graph deployed" (a user would redeploy): the graph is there and the recovery is under way, so the
+    refusal says so, with a status every gRPC client retries."""
+    async def scenario() -> None:
+        fresh = await FrontService.open(FRONT, tmp_path / "fresh", 1024, LocalEndpoints())
+        restarted = await FrontService.open(FRONT, tmp_path / "restarted", 1024, LocalEndpoints())
+        restarted.skip_through(7)  # what a node does when the newest tick already runs its roles
+        answers = []
+        for service in (fresh, restarted):
+            server, address = await start_server(lambda server, s=service: rpc.add_FrontServicer_to_server(s, server))
+            try:
+                async with grpc.aio.insecure_channel(address) as channel:
+                    answers.append(await rejected(push(rpc.FrontStub(channel), [event("x")])))
+            finally:
+                await stop_server(server)
+                await service.close()
+        assert [(a.code(), a.details()) for a in answers] == [
+            (grpc.StatusCode.FAILED_PRECONDITION, "no graph deployed; run `flamestream deploy`"),
+            (grpc.StatusCode.UNAVAILABLE, f"front {FRONT} restarted while tick 7 ran; it takes pushes again once "
+                                          "the cluster's recovery tick is deployed")]
 
     asyncio.run(scenario())
 
