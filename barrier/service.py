@@ -164,7 +164,15 @@ class _Partition:
         if offset < first:
             return None
         stop = min(offset + count, self.end)
-        return list(zip(range(offset, stop), islice(self._tail, offset - first, stop - first), strict=True))
+        newer = self.end - stop
+        if offset - first <= newer:
+            records = list(islice(self._tail, offset - first, stop - first))
+        else:
+            # From the newest end: islice walks a deque from its start, and a subscriber that keeps up asks for
+            # its last records — a walk past the whole tail (8192 records, 36 us) for every batch it reads.
+            records = list(islice(reversed(self._tail), newer, self.end - offset))
+            records.reverse()
+        return list(zip(range(offset, stop), records, strict=True))
 
     def _new_only(self, released: list[Released]) -> list[bytes]:
         """The records of ``released`` that the topic does not hold yet.

@@ -492,10 +492,7 @@ class ClusterStore:
         only these.  The one definition every reader uses (hand-over, retention,
         the client waiting for a hand-over, the fronts' input-log retention).
         """
-        _check_count("workers", workers)
-        needed = {f"worker{i}" for i in range(workers)}
-        done = [boundary for boundary, registered in self.snapshots(tick).items() if needed <= registered.keys()]
-        return sorted(done, key=boundary_of)
+        return complete_boundaries(self.snapshots(tick), workers)
 
     def oldest_complete_snapshot(self) -> str | None:
         """The oldest boundary of any tick's complete snapshot still registered, or None if there is none.
@@ -595,6 +592,16 @@ class ClusterStore:
         except NoNodeError:
             return None
         return _decode(path, data)
+
+
+def complete_boundaries(snapshots: dict[str, dict[str, Any]], workers: int) -> list[str]:
+    """The complete ones of a tick's ``snapshots`` (``ClusterStore.snapshots``), oldest first: see
+    ``ClusterStore.complete_snapshots``.  Apart, so a reader that needs the registrations too (retention, once a
+    second on every worker) reads them from ZooKeeper once."""
+    _check_count("workers", workers)
+    needed = {f"worker{i}" for i in range(workers)}
+    return sorted((boundary for boundary, registered in snapshots.items() if needed <= registered.keys()),
+                  key=boundary_of)
 
 
 def zookeeper_serving(address: str, timeout: float = 1.0) -> bool:

@@ -68,6 +68,10 @@ def test_a_subscriber_that_keeps_up_is_sent_the_newest_records_from_memory(
         assert partition.recent(6, 10) == [(6, record(7)), (7, record(8)), (8, record(9)), (9, record(10))]
         assert partition.recent(5, 10) is None
         assert partition.recent(10, 10) == []
+        # Either end of the tail: the read is taken from the nearer one.
+        assert partition.recent(6, 2) == [(6, record(7)), (7, record(8))]
+        assert partition.recent(8, 1) == [(8, record(9))]
+        assert partition.recent(7, 3) == [(7, record(8)), (8, record(9)), (9, record(10))]
         from_memory = await subscribe(barrier, 7)
         assert reads == []
         from_disk = await subscribe(barrier, 0)

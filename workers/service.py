@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import grpc
 import psutil
 
-from flamestream.cluster import ClusterStore
+from flamestream.cluster import ClusterStore, complete_boundaries
 from flamestream.core.dead_letter import dead_letter
 from flamestream.core.graph import Graph
 from flamestream.core.hashing import INT32_MIN
@@ -558,11 +558,11 @@ class WorkerService(rpc.WorkerServicer):
         (a worker that stopped between writing and registering) go too.
         """
         assert self.store is not None and self.data_dir is not None
-        complete = [boundary_of(b) for b in self.store.complete_snapshots(tick.number, len(tick.workers))]
+        own = self.store.snapshots(tick.number)
+        complete = [boundary_of(b) for b in complete_boundaries(own, len(tick.workers))]
         if len(complete) < self.snapshot_retention:
             return
         oldest_kept = complete[-self.snapshot_retention]
-        own = self.store.snapshots(tick.number)
         doomed = [(tick.number, b) for b in own if boundary_of(b) < oldest_kept]
         for number in range(self._swept_ticks, tick.number):
             doomed += [(number, b) for b in self.store.snapshots(number)]
