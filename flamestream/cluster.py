@@ -604,15 +604,23 @@ def complete_boundaries(snapshots: dict[str, dict[str, Any]], workers: int) -> l
                   key=boundary_of)
 
 
+def host_port(address: str) -> tuple[str, int]:
+    """A member's ``host:port`` (an IPv6 host in brackets) as the host to connect to and the port: the one reading
+    of the addresses members register, for whoever dials, binds or probes one.  ValueError if there is no port."""
+    host, colon, port = address.rpartition(":")
+    if not colon:
+        raise ValueError(f"address {address!r} has no port (HOST:PORT)")
+    return host.strip("[]"), int(port)
+
+
 def zookeeper_serving(address: str, timeout: float = 1.0) -> bool:
     """Whether the ZooKeeper at HOST:PORT accepts sessions yet.
 
     ``ruok`` answers ``imok`` before the server can serve, and a session opened
     in between is dropped; ``srvr`` reports a version only once it serves.
     """
-    host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        with socket.create_connection(host_port(address), timeout=timeout) as sock:
             sock.sendall(b"srvr")
             reply = b""
             while chunk := sock.recv(256):

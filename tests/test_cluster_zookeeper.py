@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from flamestream.cluster import ClusterStore
+from flamestream.cluster import ClusterStore, host_port
 from flamestream.coordinator import ZooKeeperError, ZooKeeperServer
 
 pytestmark = pytest.mark.slow
@@ -108,6 +108,15 @@ def open_store(zk: ZooKeeperServer) -> Iterator[OpenStore]:
 
 
 # -- the server ---------------------------------------------------------------
+
+
+def test_a_members_address_is_read_one_way_everywhere() -> None:
+    assert host_port("127.0.0.1:5001") == ("127.0.0.1", 5001)
+    assert host_port("node-1.example:80") == ("node-1.example", 80)
+    assert host_port("[::1]:5001") == ("::1", 5001)  # the port after the last colon, the brackets dropped
+    for malformed in ("127.0.0.1", "host:", "host:port"):
+        with pytest.raises(ValueError):
+            host_port(malformed)
 
 
 def test_server_start_stop_leaves_no_process_or_port(tmp_path: Path) -> None:

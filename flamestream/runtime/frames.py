@@ -45,6 +45,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from flamestream.cluster import host_port
 from flamestream.runtime.hosting import (
     CLOSE_TIMEOUT,
     CONNECT_WAIT,
@@ -302,7 +303,7 @@ class FrameStream(Generic[_M]):
         the process is gone (the supervisor's probe then stops this node).
         """
         deadline = time.monotonic() + CONNECT_WAIT
-        host = self.address.rpartition(":")[0].strip("[]")
+        host, _port = host_port(self.address)  # the frames port is the node's answer to Node.Frames
         while True:
             try:
                 port = await self._port(deadline)

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import grpc
 import uvloop
 
+from flamestream.cluster import host_port
 from flamestream.runtime.heap import tune_gc
 
 SWITCH_INTERVAL = 0.001
@@ -86,10 +87,9 @@ async def refuses(address: str) -> bool:
     """Whether ``address`` (``host:port``) actively refuses a TCP connection: nothing listens there, so the
     process that served it is gone (the kernel of its host answered for it).  A connection that is accepted, or
     a timeout, or no route, is not proof of anything."""
-    host, _, port = address.rpartition(":")
     try:
         async with asyncio.timeout(PROBE_TIMEOUT):
-            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            _, writer = await asyncio.open_connection(*host_port(address))
     except ConnectionRefusedError:
         return True
     except (OSError, ValueError, TimeoutError):

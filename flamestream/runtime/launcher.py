@@ -35,7 +35,17 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc_health.v1 import health_pb2
 
-from flamestream.cluster import ACKER, BARRIER, FRONT, SERVICE_ROLES, WORKER, ClusterStore, placement, zookeeper_serving
+from flamestream.cluster import (
+    ACKER,
+    BARRIER,
+    FRONT,
+    SERVICE_ROLES,
+    WORKER,
+    ClusterStore,
+    host_port,
+    placement,
+    zookeeper_serving,
+)
 from flamestream.runtime import tls
 from flamestream.wire.security import Credentials
 
@@ -358,12 +368,11 @@ def _stop_group(records: list[ProcessRecord], grace: float) -> None:
 
 
 def _port_free(address: str) -> bool:
-    host, _, port = address.rpartition(":")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # Same as a server's listening socket: connections in TIME_WAIT do not count.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, int(port)))
+            sock.bind(host_port(address))
         except OSError:
             return False
         return True
@@ -705,7 +714,7 @@ def respawn(data_dir: Path, record: ProcessRecord, spare: Spare | None = None) -
     """
     args = list(record.args)
     if record.address and "--port" in args:
-        args[args.index("--port") + 1] = record.address.rpartition(":")[2]
+        args[args.index("--port") + 1] = str(host_port(record.address)[1])
     argv = [sys.executable, *args]
     with open(record.output, "ab") as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} restart {record.restarts + 1}: "
