@@ -83,6 +83,20 @@ def test_a_stream_over_frames_arrives_in_order_and_its_close_is_no_break() -> No
     asyncio.run(scenario())
 
 
+def test_a_stream_to_an_address_without_a_port_breaks_instead_of_failing_its_writer() -> None:
+    """Addresses come from ticks, which ZooKeeper holds: a bad one is a broken stream (the supervisor's business),
+    never an exception that ends the task writing to it."""
+    async def scenario() -> None:
+        channels = Channels(LocalEndpoints("127.0.0.1:1"))
+        try:
+            with pytest.raises(StreamBroken, match="has no port"):
+                await channels.write("node-without-port", EXCHANGE, pb.ItemBatch())
+        finally:
+            await channels.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(("frames", "status"), [
     ((frame(EXCHANGE.encode()), frame(b"\xff\xff not a batch")),
      f"INVALID_ARGUMENT\n{EXCHANGE}: the request is not a flamestream.ItemBatch message"),

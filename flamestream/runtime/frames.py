@@ -303,7 +303,10 @@ class FrameStream(Generic[_M]):
         the process is gone (the supervisor's probe then stops this node).
         """
         deadline = time.monotonic() + CONNECT_WAIT
-        host, _port = host_port(self.address)  # the frames port is the node's answer to Node.Frames
+        try:
+            host, _port = host_port(self.address)  # the frames port is the node's answer to Node.Frames
+        except ValueError as exc:  # an address in a tick is ZooKeeper's word: a bad one breaks this stream only
+            raise StreamBroken(f"stream to {self.label} broke ({exc})", self.address) from exc
         while True:
             try:
                 port = await self._port(deadline)
