@@ -72,7 +72,7 @@ def test_up_right_after_a_kill_9_replaces_the_dead_nodes_members(cluster_dir: Pa
         assert store.members("worker")["worker1"]["address"] == _node(state, "node1")["address"]
     # The node's own word for how it took the name, not a wall-clock bound that a loaded machine exceeds: it
     # replaced the dead incarnation's member rather than waiting for that session to expire.
-    log = (cluster_dir / "logs" / "node1.log").read_text()
+    log = Path(_node(state, "node1")["log"]).read_text()
     assert "replacing member worker/worker1 left by a dead incarnation" in log, log
     assert "waiting for its session to expire" not in log, log
     assert health(_node(state, "node1")["address"], "worker1", state["tls_dir"]) == "SERVING"
@@ -133,7 +133,7 @@ def test_a_tick_that_cannot_be_loaded_is_reported_and_a_good_deploy_recovers(clu
         store.publish_tick(bad)  # as if written by hand: deploy itself would refuse it
     eventually(lambda: health(node1["address"], "worker1", state["tls_dir"]) == "NOT_SERVING",
                "worker1 to report the bad tick")
-    log = (cluster_dir / "logs" / "node1.log").read_text()
+    log = Path(node1["log"]).read_text()
     assert "cannot deploy tick" in log and "no_such_module_anywhere" in log
     assert _node(state, "node1")["pid"] and os.kill(node1["pid"], 0) is None  # reported, not crashed
     # The bad tick started afresh and never ran: there is no state to hand over from it.
