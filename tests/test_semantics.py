@@ -124,7 +124,7 @@ def test_a_run_pauses_the_collector_collects_only_the_young_and_leaves_it_as_it_
         if phase == "start":
             started.append(info["generation"])
 
-    runtime, stamped = LocalRuntime(wordcount.graph(), seed=1), stamp_inputs(["a b"] * 12000)
+    runtime, stamped = LocalRuntime(wordcount.graph(), seed=1), stamp_inputs(["a b"] * 40000)
     was = gc.isenabled()
     (gc.enable if enabled else gc.disable)()
     gc.callbacks.append(note)

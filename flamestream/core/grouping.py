@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
@@ -63,7 +64,11 @@ class Grouping:
         self.buckets: dict[Hashable, Bucket] = {}
         self.clock = 0
         """Logical time: bumped per emission, so re-emissions outrank what they replace."""
-        self._deadlines: list[tuple[GlobalTime, int, Hashable]] = []
+        self._due: deque[tuple[GlobalTime, Hashable]] = deque()
+        """Deadlines noted in non-decreasing order: trimming pops them from the front, one comparison each."""
+        self._late: list[tuple[GlobalTime, int, Hashable]] = []
+        """A heap of the deadlines that came out of order (an item overtaken, a removal): ``_due`` cannot
+        take them without losing its order."""
         self._sequence = 0
         self._pending_keys: set[Hashable] = set()
         self.replays = 0
@@ -109,8 +114,12 @@ class Grouping:
         deadline = bucket.metas[self.window - 1][0]
         if bucket.deadline is None or deadline < bucket.deadline:
             bucket.deadline = deadline
-            self._sequence += 1
-            heapq.heappush(self._deadlines, (deadline, self._sequence, key))
+            due = self._due
+            if not due or due[-1][0] <= deadline:  # the common case: items arrive in global-time order
+                due.append((deadline, key))
+            else:
+                self._sequence += 1
+                heapq.heappush(self._late, (deadline, self._sequence, key))
 
     def _remove(self, key: Hashable, bucket: Bucket, meta: MetaKey) -> list[Item]:
         metas = bucket.metas
@@ -217,25 +226,19 @@ class Grouping:
     def trim(self, min_time: GlobalTime) -> None:
         """Forget what no future window can need once ``min_time`` has passed.
 
-        Only buckets whose deadline passed are visited, so trimming costs what it drops.
+        Only buckets whose deadline passed are visited, so trimming costs what it
+        drops.  Why two queues of deadlines rather than one heap: nearly every
+        deadline is noted in global-time order, and a deque pops those with one
+        comparison each where a heap paid a sift of tuple comparisons (trimming
+        was a sixth of the local runtime's word count, bench/local.py).
         """
-        keep = self.window - 1
-        floor = (min_time,)
-        heap = self._deadlines
-        while heap and heap[0][0] < min_time:
-            deadline, _, key = heapq.heappop(heap)
-            bucket = self.buckets.get(key)
-            if bucket is None or bucket.deadline != deadline:
-                continue  # superseded by an earlier deadline that was handled already
-            drop = bisect_left(bucket.metas, floor) - keep
-            if drop > 0:
-                del bucket.metas[:drop], bucket.payloads[:drop], bucket.emitted[:drop]
-                self.held -= drop
-            bucket.deadline = None
-            if len(bucket.metas) > keep:
-                self._note_deadline(key, bucket)
-            elif not bucket.metas and not bucket.pending:
-                del self.buckets[key]
+        due, late = self._due, self._late
+        while due and due[0][0] < min_time:
+            deadline, key = due.popleft()
+            self._trim_bucket(key, deadline, min_time)
+        while late and late[0][0] < min_time:
+            deadline, _, key = heapq.heappop(late)
+            self._trim_bucket(key, deadline, min_time)
         for key in list(self._pending_keys):
             bucket = self.buckets.get(key)
             if bucket is not None and bucket.pending:
@@ -244,3 +247,20 @@ class Grouping:
                 self._pending_keys.discard(key)
                 if bucket is not None and not bucket.metas:
                     del self.buckets[key]
+
+    def _trim_bucket(self, key: Hashable, deadline: GlobalTime, min_time: GlobalTime) -> None:
+        """Drop what bucket ``key`` no longer needs, if ``deadline`` is still its own (not superseded by an
+        earlier one handled already)."""
+        bucket = self.buckets.get(key)
+        if bucket is None or bucket.deadline != deadline:
+            return
+        keep = self.window - 1
+        drop = bisect_left(bucket.metas, (min_time,)) - keep
+        if drop > 0:
+            del bucket.metas[:drop], bucket.payloads[:drop], bucket.emitted[:drop]
+            self.held -= drop
+        bucket.deadline = None
+        if len(bucket.metas) > keep:
+            self._note_deadline(key, bucket)
+        elif not bucket.metas and not bucket.pending:
+            del self.buckets[key]
