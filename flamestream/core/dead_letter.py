@@ -75,7 +75,7 @@ def deeper_than(value: Any, limit: int) -> bool:
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, list | tuple | set | frozenset | dict):
+        if isinstance(item, (list, tuple, set, frozenset, dict)):
             depth += 1
             if depth > limit:
                 return True

@@ -70,7 +70,7 @@ def stable_hash(payload: Any) -> int:
     """
     if isinstance(payload, str):
         return to_int32(zlib.crc32(payload.encode()))
-    if isinstance(payload, bytes | bytearray):  # bytearray(b"a") == b"a"
+    if isinstance(payload, (bytes, bytearray)):  # bytearray(b"a") == b"a"
         return to_int32(zlib.crc32(payload))
     return to_int32(zlib.crc32(_canonical(payload).encode()))
 
@@ -111,7 +111,7 @@ def _canonical(value: Any) -> str:
         return str(int(value))
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else float.__repr__(value)
-    if isinstance(value, bytes | bytearray):
+    if isinstance(value, (bytes, bytearray)):
         return repr(bytes(value))
     if isinstance(value, list):
         return f"[{','.join(_canonical(item) for item in value)}]"

@@ -104,17 +104,17 @@ def estimated_size(value: Any, budget: int) -> int:
                 kind = type(part)
                 if kind is int or kind is float or part is None or kind is bool:
                     total += 8
-                elif kind is str:
+                elif kind is str or kind is bytes:
                     total += len(part) + 2
                 else:
                     stack.append(part)
-        elif isinstance(item, str | bytes | bytearray):
+        elif isinstance(item, (str, bytes, bytearray)):
             total += len(item) + 2
         elif isinstance(item, dict):
             total += 2 + 2 * len(item)
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif isinstance(item, list | tuple | set | frozenset):
+        elif isinstance(item, (list, tuple, set, frozenset)):
             total += 2 + 2 * len(item)
             stack.extend(item)
         else:

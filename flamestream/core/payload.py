@@ -125,7 +125,7 @@ def check_payload(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
             if not math.isfinite(item):
                 shown = "NaN" if math.isnan(item) else "Infinity" if item > 0 else "-Infinity"
                 return f"payload holds {shown}, which JSON does not have (send null or a string)"
-        elif isinstance(item, list | tuple | dict):
+        elif isinstance(item, (list, tuple, dict)):
             depth += 1
             if depth > max_depth:
                 return f"payload nests arrays/objects deeper than {max_depth} levels"
@@ -225,7 +225,7 @@ def _plain(value: Any, depth: int) -> Any:
     the stack).  Everything else is left to ``json.dumps(default=repr)``."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, list | tuple | dict):
+    if isinstance(value, (list, tuple, dict)):
         if depth >= MAX_RECORD_DEPTH:
             raise PayloadError(f"payload nests arrays/objects deeper than {MAX_RECORD_DEPTH} levels")
         if not isinstance(value, dict):
