@@ -31,7 +31,7 @@ from flamestream.core.grouping import Entries, Grouping
 from flamestream.core.hashing import INT32_MAX, INT32_MIN, as_hash
 from flamestream.core.item import Envelope, Item
 from flamestream.core.limits import bounded_outputs
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, Trace
 from flamestream.core.payload import check_payload
 from flamestream.core.plan import BROADCAST, GROUPING, MAP, MERGE, SINK, Plan
 from flamestream.core.tick import Layout
@@ -86,6 +86,15 @@ def merge_states(states: Iterable[WorkerState]) -> WorkerState:
 
 _SINK, _LOCAL, _HASHED = range(3)
 
+_CHILDREN = tuple((i,) for i in range(256))
+_FIRST_CHILD = _CHILDREN[0]
+
+
+def _child(i: int) -> Trace:
+    """The trace mark of an operation's ``i``-th output (``LocalTime(0, i)``), prebuilt for the usual few: a map
+    or broadcast marks every output, and building the one-int tuple was an allocation per item and hop."""
+    return _CHILDREN[i] if i < 256 else (i,)
+
 
 class Worker:
     def __init__(self, plan: Plan, index: int, layout: Layout, cut: frozenset[int] = frozenset()) -> None:
@@ -122,7 +131,7 @@ class Worker:
         """
         plan = self.plan
         kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
-        equivalences, first = plan.equivalences, self._first
+        equivalences, first, modes = plan.equivalences, self._first, self._modes
         groupings = self.groupings
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
@@ -133,42 +142,47 @@ class Worker:
         outs: list[Item] | None
         while stack:
             op, h, item = stack.pop()
-            kind = kinds[op]
-            payload, gt, trace, tomb = item
-            copy = h is not None and balances[op] is None  # a replicated-prefix item (see module docstring)
-            emits = not copy or lo <= h <= hi  # type: ignore[operator]
-            try:
-                if kind == MAP:
-                    fn: Any = fns[op]
-                    results = bounded_outputs(fn(payload), plan.max_outputs, plan.max_output_bytes)  # else dead letter
-                    outs = [(p, gt, trace + (i,), tomb) for i, p in enumerate(results)]
-                elif kind == GROUPING:
-                    eq = equivalences[op]
-                    outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
-                elif kind == MERGE:
-                    outs = [(payload, gt, trace + (0,), tomb)]
-                elif kind == BROADCAST:
-                    outs = None
-                else:
+            while True:  # an item, then its only output while that stays here (see the end of the loop)
+                kind = kinds[op]
+                payload, gt, trace, tomb = item
+                copy = h is not None and balances[op] is None  # a replicated-prefix item (see module docstring)
+                emits = not copy or lo <= h <= hi  # type: ignore[operator]
+                try:
+                    if kind == MAP:
+                        fn: Any = fns[op]  # too many or too large outputs: bounded_outputs makes a dead letter
+                        results = bounded_outputs(fn(payload), plan.max_outputs, plan.max_output_bytes)
+                        outs = [(p, gt, trace + _child(i), tomb) for i, p in enumerate(results)]
+                    elif kind == GROUPING:
+                        eq = equivalences[op]
+                        outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
+                    elif kind == MERGE:
+                        outs = [(payload, gt, trace + _FIRST_CHILD, tomb)]
+                    elif kind == BROADCAST:
+                        outs = None
+                    else:
+                        if emits:
+                            barrier.append(item)
+                        break
+                except Exception as exc:  # business logic failed: dead letter, never a dead worker
                     if emits:
-                        barrier.append(item)
+                        barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
+                    break
+                if outs is not None and len(outs) == 1 and modes[first[op]] == _LOCAL:
+                    # Depth-first, the only output is what runs next anyway: go on with it here instead of a
+                    # round trip through the stack (an envelope, a list and a push and pop saved per such hop).
+                    op, h, item = first[op], h if copy else None, outs[0]
                     continue
-            except Exception as exc:  # business logic failed: dead letter, never a dead worker
-                if emits:
-                    barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
-                continue
-            local: list[Envelope] = []
-            if outs is None:  # broadcast: a copy per output
-                for i, dst in enumerate(routes[op]):
-                    sent += self._route(dst, [(payload, gt, trace + (i,), tomb)], h, local, remote, barrier, copy,
-                                        emits)
-            elif not outs:
-                continue
-            else:  # every other operation has one downstream operation
-                sent += self._route(first[op], outs, h, local, remote, barrier, copy, emits)
-            if local:
-                local.reverse()
-                stack.extend(local)
+                local: list[Envelope] = []
+                if outs is None:  # broadcast: a copy per output
+                    for i, dst in enumerate(routes[op]):
+                        sent += self._route(dst, [(payload, gt, trace + _child(i), tomb)], h, local, remote, barrier,
+                                            copy, emits)
+                elif outs:  # every other operation has one downstream operation
+                    sent += self._route(first[op], outs, h, local, remote, barrier, copy, emits)
+                if local:
+                    local.reverse()
+                    stack.extend(local)
+                break
             if flush is not None and sent + len(barrier) >= flush and stack:
                 yield remote, barrier
                 remote, barrier, sent = {}, [], 0
