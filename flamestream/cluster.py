@@ -494,29 +494,50 @@ class ClusterStore:
         """
         return complete_boundaries(self.snapshots(tick), workers)
 
-    def oldest_complete_snapshot(self) -> str | None:
-        """The oldest boundary of any tick's complete snapshot still registered, or None if there is none.
+    def oldest_complete_snapshot(self, since: int = 0) -> tuple[str | None, int]:
+        """The oldest boundary of any tick's complete snapshot still registered (None if there is none), looking
+        at ticks ``since`` and later; and the tick the next look may start from.
 
         What the fronts' input-log retention keeps the log from: a hand-over
         falling back to an older snapshot, or a replay from any retained one,
         needs every event from there on.  Every tick counts (retention forgets
         an older tick's snapshots once a later one has enough of its own), so
         this errs on keeping more.
+
+        Why the second value: ticks are never deleted, and a look asks
+        ZooKeeper about each one, so a front asking every second from tick 0
+        made one request per tick ever published (hundreds after a long chaos
+        run).  A tick that holds no registration while a later tick has a
+        complete snapshot is one the workers' retention has swept, and no
+        worker registers there again (its own retention starts past it too),
+        so the next look starts after the unbroken run of such ticks.
         """
+        ticks = [n for n in self._tick_numbers() if n >= since]
         oldest: str | None = None
-        for n in self._tick_numbers():
+        swept: set[int] = set()
+        newest_complete = -1
+        for n in ticks:
             try:
-                if not self._zk.get_children(self._snapshots_path(n)):
-                    continue
+                registered = self._zk.get_children(self._snapshots_path(n))
             except NoNodeError:
+                registered = []
+            if not registered:
+                swept.add(n)
                 continue
             tick = self._read_tick(n)
             if tick is None:
                 continue
             complete = self.complete_snapshots(n, len(tick.get("workers", [])))
-            if complete and (oldest is None or boundary_of(complete[0]) < boundary_of(oldest)):
-                oldest = complete[0]
-        return oldest
+            if complete:
+                newest_complete = n
+                if oldest is None or boundary_of(complete[0]) < boundary_of(oldest):
+                    oldest = complete[0]
+        start = since
+        for n in ticks:
+            if n >= newest_complete or n not in swept:
+                break
+            start = n + 1
+        return oldest, start
 
     def forget_snapshot(self, tick: int, boundary: str) -> None:
         """Remove a snapshot's registrations (its files are gone or going): retention."""

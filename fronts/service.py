@@ -1015,10 +1015,12 @@ class FrontService(rpc.FrontServicer):
         little longer is always safe.
         """
         logger = self.logger
+        since = 0
+        """The first tick that may still hold registrations (see ``ClusterStore.oldest_complete_snapshot``)."""
         while True:
             await asyncio.sleep(RETENTION_EVERY)
             try:
-                oldest = await asyncio.to_thread(store.oldest_complete_snapshot)
+                oldest, since = await asyncio.to_thread(store.oldest_complete_snapshot, since)
                 if oldest is None:
                     continue
                 below = boundary_of(oldest)

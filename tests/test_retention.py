@@ -402,7 +402,7 @@ def test_complete_snapshots_and_the_oldest_one_of_any_tick(zookeeper: str, clust
     with ClusterStore(zookeeper, cluster=cluster_name) as store:
         store.publish_tick({"workers": ["a", "b"]})
         store.publish_tick({"workers": ["a", "b", "c"]})
-        assert store.complete_snapshots(0, 2) == [] and store.oldest_complete_snapshot() is None
+        assert store.complete_snapshots(0, 2) == [] and store.oldest_complete_snapshot() == (None, 0)
         for boundary, workers in (("2000-0", (0, 1)), ("1000-0", (0, 1)), ("999-1", (1,)), ("10000-0", (0, 1)),
                                   ("3000-0", (0,))):
             for i in workers:
@@ -413,12 +413,34 @@ def test_complete_snapshots_and_the_oldest_one_of_any_tick(zookeeper: str, clust
             store.register_snapshot(1, "20000-0", i, {})
         store.register_snapshot(1, "500-0", 0, {})  # incomplete: does not count
         assert store.complete_snapshots(1, 3) == ["20000-0"]
-        assert store.oldest_complete_snapshot() == "1000-0"
+        assert store.oldest_complete_snapshot() == ("1000-0", 0)
         store.forget_snapshot(0, "1000-0")
         store.forget_snapshot(0, "2000-0")
-        assert store.oldest_complete_snapshot() == "10000-0"
+        assert store.oldest_complete_snapshot() == ("10000-0", 0)
         store.forget_snapshot(0, "10000-0")
-        assert store.oldest_complete_snapshot() == "20000-0"
+        assert store.oldest_complete_snapshot() == ("20000-0", 0)  # tick 0 still holds incomplete registrations
+
+
+def test_the_oldest_complete_snapshot_skips_the_ticks_retention_swept(zookeeper: str, cluster_name: str) -> None:
+    """A look starts past the unbroken run of ticks without registrations below a tick with a complete
+    snapshot: those are swept for good, and asking about each every second grew with the cluster's history."""
+    with ClusterStore(zookeeper, cluster=cluster_name) as store:
+        for _ in range(6):
+            store.publish_tick({"workers": ["a"]})
+        store.register_snapshot(1, "500-0", 0, {})
+        store.register_snapshot(3, "1000-0", 0, {})
+        store.register_snapshot(4, "2000-0", 0, {})
+        assert store.oldest_complete_snapshot() == ("500-0", 1)  # tick 0 holds nothing, tick 1 does
+        store.forget_snapshot(1, "500-0")
+        oldest, since = store.oldest_complete_snapshot()
+        assert (oldest, since) == ("1000-0", 3)  # ticks 0-2 hold nothing and tick 3 is complete
+        store.forget_snapshot(3, "1000-0")
+        assert store.oldest_complete_snapshot(since) == ("2000-0", 4)
+        store.register_snapshot(2, "100-0", 0, {})  # a registration no worker makes (ticks below 4 were swept)
+        assert store.oldest_complete_snapshot(4) == ("2000-0", 4)  # ... is not looked for again
+        assert store.oldest_complete_snapshot() == ("100-0", 2)  # a restarted front looks at every tick once
+        store.forget_snapshot(4, "2000-0")
+        assert store.oldest_complete_snapshot(4) == (None, 4)  # no complete snapshot: nothing is known swept
 
 
 # -- real clusters ---------------------------------------------------------------------------------------------
