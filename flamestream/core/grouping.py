@@ -41,7 +41,7 @@ Entries = list[tuple[MetaKey, Any]]
 class Bucket:
     """Items of one key in meta order, with the tuple last emitted for each."""
 
-    __slots__ = ("deadline", "emitted", "metas", "payloads", "pending")
+    __slots__ = ("changed", "deadline", "emitted", "metas", "payloads", "pending")
 
     def __init__(self) -> None:
         self.metas: list[MetaKey] = []
@@ -52,6 +52,9 @@ class Bucket:
         self.deadline: GlobalTime | None = None
         """Global time of the entry at index window-1 when last noted: nothing is trimmable before min time passes
         it.  Removals only ever move the real one later, so a noted deadline is never too late."""
+        self.changed = False
+        """Whether the key is in its grouping's ``_changed`` already: then an item costs no dict write for it (a
+        reduce's key takes two items per input, an item and the accumulator coming back round the cycle)."""
 
 
 class Grouping:
@@ -87,7 +90,8 @@ class Grouping:
             bucket = self.buckets[key] = Bucket()
         payload, gt, trace, tombstone = item
         meta = (gt, trace)
-        if self.window > 1:
+        if not bucket.changed and self.window > 1:
+            bucket.changed = True
             self._changed[key] = None
         if tombstone:
             return self._remove(key, bucket, meta)
@@ -205,7 +209,8 @@ class Grouping:
                 out.append((key, []))
                 continue
             end = bisect_left(bucket.metas, floor)
-            if end < len(bucket.metas):
+            bucket.changed = end < len(bucket.metas)  # items after the boundary: reported again next time
+            if bucket.changed:
                 self._changed[key] = None
             start = max(0, end - keep)
             out.append((key, list(zip(bucket.metas[start:end], bucket.payloads[start:end], strict=True))))
@@ -221,6 +226,7 @@ class Grouping:
         bucket.emitted = [None] * len(entries)
         self.held += len(entries)
         if self.window > 1:
+            bucket.changed = True
             self._changed[key] = None
 
     def trim(self, min_time: GlobalTime) -> None:
