@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,27 @@ class LeaseMoved(Exception):
 
 class Unauthorized(Exception):
     """ZooKeeper refused this session on a secured cluster: a process started without its credentials."""
+
+
+@dataclass
+class SnapshotsSeen:
+    """What one look for the oldest complete snapshot (``ClusterStore.oldest_complete_snapshot``) tells the next.
+
+    ``since``: the first tick that may still hold registrations.  A tick that
+    holds none while a later tick has a complete snapshot is one the workers'
+    retention swept, and no worker registers there again (its own retention
+    starts past it too), so looks start after the unbroken run of such ticks.
+    ``workers``: each tick's number of workers (a published tick never
+    changes).  ``complete``: the (tick, boundary) registrations seen complete;
+    a snapshot stays complete until retention forgets it, so they are not read
+    again while registered.  Were one forgotten and registered again partly
+    between two looks, it would still count as complete: the oldest boundary
+    can then only come out older, and the fronts keep more of their logs.
+    """
+
+    since: int = 0
+    workers: dict[int, int] = field(default_factory=dict)
+    complete: set[tuple[int, str]] = field(default_factory=set)
 
 
 class ClusterStore:
@@ -494,9 +516,8 @@ class ClusterStore:
         """
         return complete_boundaries(self.snapshots(tick), workers)
 
-    def oldest_complete_snapshot(self, since: int = 0) -> tuple[str | None, int]:
-        """The oldest boundary of any tick's complete snapshot still registered (None if there is none), looking
-        at ticks ``since`` and later; and the tick the next look may start from.
+    def oldest_complete_snapshot(self, seen: SnapshotsSeen | None = None) -> str | None:
+        """The oldest boundary of any tick's complete snapshot still registered, or None if there is none.
 
         What the fronts' input-log retention keeps the log from: a hand-over
         falling back to an older snapshot, or a replay from any retained one,
@@ -504,40 +525,53 @@ class ClusterStore:
         an older tick's snapshots once a later one has enough of its own), so
         this errs on keeping more.
 
-        Why the second value: ticks are never deleted, and a look asks
-        ZooKeeper about each one, so a front asking every second from tick 0
-        made one request per tick ever published (hundreds after a long chaos
-        run).  A tick that holds no registration while a later tick has a
-        complete snapshot is one the workers' retention has swept, and no
-        worker registers there again (its own retention starts past it too),
-        so the next look starts after the unbroken run of such ticks.
+        ``seen`` carries what one look tells the next (see ``SnapshotsSeen``):
+        a front looks every second, and ticks are never deleted, so asking
+        about every tick and every registration each time made its ZooKeeper
+        requests grow with the cluster's history.
         """
-        ticks = [n for n in self._tick_numbers() if n >= since]
+        seen = SnapshotsSeen() if seen is None else seen
+        ticks = [n for n in self._tick_numbers() if n >= seen.since]
         oldest: str | None = None
         swept: set[int] = set()
         newest_complete = -1
+        complete_now: set[tuple[int, str]] = set()
         for n in ticks:
+            root = self._snapshots_path(n)
             try:
-                registered = self._zk.get_children(self._snapshots_path(n))
+                registered = self._zk.get_children(root)
             except NoNodeError:
                 registered = []
             if not registered:
                 swept.add(n)
                 continue
-            tick = self._read_tick(n)
-            if tick is None:
-                continue
-            complete = self.complete_snapshots(n, len(tick.get("workers", [])))
+            workers = seen.workers.get(n)
+            if workers is None:
+                tick = self._read_tick(n)
+                if tick is None:
+                    continue
+                workers = seen.workers[n] = len(tick.get("workers", []))
+            unknown: dict[str, dict[str, Any]] = {}
+            for boundary in registered:
+                if (n, boundary) not in seen.complete:
+                    try:
+                        unknown[boundary] = dict.fromkeys(self._zk.get_children(f"{root}/{boundary}"))
+                    except NoNodeError:
+                        continue
+            complete = [b for b in registered if (n, b) in seen.complete] + complete_boundaries(unknown, workers)
+            complete_now.update((n, b) for b in complete)
             if complete:
                 newest_complete = n
-                if oldest is None or boundary_of(complete[0]) < boundary_of(oldest):
-                    oldest = complete[0]
-        start = since
+                first = min(complete, key=boundary_of)
+                if oldest is None or boundary_of(first) < boundary_of(oldest):
+                    oldest = first
+        seen.complete = complete_now
         for n in ticks:
             if n >= newest_complete or n not in swept:
                 break
-            start = n + 1
-        return oldest, start
+            seen.since = n + 1
+        seen.workers = {n: w for n, w in seen.workers.items() if n >= seen.since}
+        return oldest
 
     def forget_snapshot(self, tick: int, boundary: str) -> None:
         """Remove a snapshot's registrations (its files are gone or going): retention."""

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from flamestream.cluster import ClusterStore
+from flamestream.cluster import ClusterStore, SnapshotsSeen
 from flamestream.core import payload as payloads
 from flamestream.core.dead_letter import writable
 from flamestream.core.front import FrontClock
@@ -1015,12 +1015,11 @@ class FrontService(rpc.FrontServicer):
         little longer is always safe.
         """
         logger = self.logger
-        since = 0
-        """The first tick that may still hold registrations (see ``ClusterStore.oldest_complete_snapshot``)."""
+        seen = SnapshotsSeen()
         while True:
             await asyncio.sleep(RETENTION_EVERY)
             try:
-                oldest, since = await asyncio.to_thread(store.oldest_complete_snapshot, since)
+                oldest = await asyncio.to_thread(store.oldest_complete_snapshot, seen)
                 if oldest is None:
                     continue
                 below = boundary_of(oldest)

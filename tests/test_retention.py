@@ -25,7 +25,7 @@ import pytest
 from examples import wordcount
 from flamestream import Graph, run_oracle
 from flamestream.client import Client
-from flamestream.cluster import ClusterStore
+from flamestream.cluster import ClusterStore, SnapshotsSeen
 from flamestream.core.front import Stamped, stamp_inputs
 from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.meta import GlobalTime, boundary_name
@@ -402,7 +402,7 @@ def test_complete_snapshots_and_the_oldest_one_of_any_tick(zookeeper: str, clust
     with ClusterStore(zookeeper, cluster=cluster_name) as store:
         store.publish_tick({"workers": ["a", "b"]})
         store.publish_tick({"workers": ["a", "b", "c"]})
-        assert store.complete_snapshots(0, 2) == [] and store.oldest_complete_snapshot() == (None, 0)
+        assert store.complete_snapshots(0, 2) == [] and store.oldest_complete_snapshot() is None
         for boundary, workers in (("2000-0", (0, 1)), ("1000-0", (0, 1)), ("999-1", (1,)), ("10000-0", (0, 1)),
                                   ("3000-0", (0,))):
             for i in workers:
@@ -413,12 +413,12 @@ def test_complete_snapshots_and_the_oldest_one_of_any_tick(zookeeper: str, clust
             store.register_snapshot(1, "20000-0", i, {})
         store.register_snapshot(1, "500-0", 0, {})  # incomplete: does not count
         assert store.complete_snapshots(1, 3) == ["20000-0"]
-        assert store.oldest_complete_snapshot() == ("1000-0", 0)
+        assert store.oldest_complete_snapshot() == "1000-0"
         store.forget_snapshot(0, "1000-0")
         store.forget_snapshot(0, "2000-0")
-        assert store.oldest_complete_snapshot() == ("10000-0", 0)
+        assert store.oldest_complete_snapshot() == "10000-0"
         store.forget_snapshot(0, "10000-0")
-        assert store.oldest_complete_snapshot() == ("20000-0", 0)  # tick 0 still holds incomplete registrations
+        assert store.oldest_complete_snapshot() == "20000-0"
 
 
 def test_the_oldest_complete_snapshot_skips_the_ticks_retention_swept(zookeeper: str, cluster_name: str) -> None:
@@ -430,17 +430,51 @@ def test_the_oldest_complete_snapshot_skips_the_ticks_retention_swept(zookeeper:
         store.register_snapshot(1, "500-0", 0, {})
         store.register_snapshot(3, "1000-0", 0, {})
         store.register_snapshot(4, "2000-0", 0, {})
-        assert store.oldest_complete_snapshot() == ("500-0", 1)  # tick 0 holds nothing, tick 1 does
+        seen = SnapshotsSeen()
+        assert store.oldest_complete_snapshot(seen) == "500-0" and seen.since == 1  # tick 0 holds nothing, 1 does
         store.forget_snapshot(1, "500-0")
-        oldest, since = store.oldest_complete_snapshot()
-        assert (oldest, since) == ("1000-0", 3)  # ticks 0-2 hold nothing and tick 3 is complete
+        assert store.oldest_complete_snapshot(seen) == "1000-0" and seen.since == 3
         store.forget_snapshot(3, "1000-0")
-        assert store.oldest_complete_snapshot(since) == ("2000-0", 4)
+        assert store.oldest_complete_snapshot(seen) == "2000-0" and seen.since == 4
         store.register_snapshot(2, "100-0", 0, {})  # a registration no worker makes (ticks below 4 were swept)
-        assert store.oldest_complete_snapshot(4) == ("2000-0", 4)  # ... is not looked for again
-        assert store.oldest_complete_snapshot() == ("100-0", 2)  # a restarted front looks at every tick once
+        assert store.oldest_complete_snapshot(seen) == "2000-0"  # ... is not looked for again
+        assert store.oldest_complete_snapshot() == "100-0"  # a restarted front looks at every tick once
         store.forget_snapshot(4, "2000-0")
-        assert store.oldest_complete_snapshot(4) == (None, 4)  # no complete snapshot: nothing is known swept
+        assert store.oldest_complete_snapshot(seen) is None and seen.since == 4  # no complete snapshot: none swept
+
+
+def test_a_look_reads_only_the_registrations_it_has_not_seen_complete(zookeeper: str, cluster_name: str) -> None:
+    """Complete snapshots stay complete until forgotten, so a front's look reads a tick's worker count and a
+    boundary's registrations once; an incomplete one is read again until it completes."""
+    with ClusterStore(zookeeper, cluster=cluster_name) as store:
+        store.publish_tick({"workers": ["a", "b"]})
+        store.register_snapshot(0, "1000-0", 0, {})
+        store.register_snapshot(0, "1000-0", 1, {})
+        store.register_snapshot(0, "500-0", 0, {})
+        seen = SnapshotsSeen()
+        assert store.oldest_complete_snapshot(seen) == "1000-0"
+        assert seen.complete == {(0, "1000-0")} and seen.workers == {0: 2}
+        store.register_snapshot(0, "500-0", 1, {})
+        assert store.oldest_complete_snapshot(seen) == "500-0"
+        assert seen.complete == {(0, "1000-0"), (0, "500-0")}
+        store.forget_snapshot(0, "500-0")
+        assert store.oldest_complete_snapshot(seen) == "1000-0" and seen.complete == {(0, "1000-0")}
+        zk = store._zk  # spies on the real client's two reads, to count what the next look asks
+        children, data = zk.get_children, zk.get
+        calls: list[str] = []
+
+        def counted(read: Any) -> Any:
+            def call(path: str, *args: Any, **kwargs: Any) -> Any:
+                calls.append(path)
+                return read(path, *args, **kwargs)
+            return call
+
+        zk.get_children, zk.get = counted(children), counted(data)
+        try:
+            assert store.oldest_complete_snapshot(seen) == "1000-0"
+        finally:
+            zk.get_children, zk.get = children, data
+        assert calls == [f"{store.base}/ticks", f"{store.base}/ticks/{0:010d}/snapshots"]
 
 
 # -- real clusters ---------------------------------------------------------------------------------------------
