@@ -512,7 +512,8 @@ class ClusterStore:
         registered its file, so the snapshot holds the state of the whole hash
         space; only such a snapshot may be started from, and retention counts
         only these.  The one definition every reader uses (hand-over, retention,
-        the client waiting for a hand-over, the fronts' input-log retention).
+        the client waiting for a hand-over; the fronts' input-log retention
+        through ``complete_boundaries`` itself).
         """
         return complete_boundaries(self.snapshots(tick), workers)
 
@@ -551,14 +552,17 @@ class ClusterStore:
                 if tick is None:
                     continue
                 workers = seen.workers[n] = len(tick.get("workers", []))
-            unknown: dict[str, dict[str, Any]] = {}
+            complete: list[str] = []
+            unknown: dict[str, dict[str, Any]] = {}  # boundary -> its registrations' names
             for boundary in registered:
-                if (n, boundary) not in seen.complete:
-                    try:
-                        unknown[boundary] = dict.fromkeys(self._zk.get_children(f"{root}/{boundary}"))
-                    except NoNodeError:
-                        continue
-            complete = [b for b in registered if (n, b) in seen.complete] + complete_boundaries(unknown, workers)
+                if (n, boundary) in seen.complete:
+                    complete.append(boundary)
+                    continue
+                try:
+                    unknown[boundary] = dict.fromkeys(self._zk.get_children(f"{root}/{boundary}"))
+                except NoNodeError:
+                    continue
+            complete += complete_boundaries(unknown, workers)
             complete_now.update((n, b) for b in complete)
             if complete:
                 newest_complete = n
@@ -652,7 +656,8 @@ class ClusterStore:
 def complete_boundaries(snapshots: dict[str, dict[str, Any]], workers: int) -> list[str]:
     """The complete ones of a tick's ``snapshots`` (``ClusterStore.snapshots``), oldest first: see
     ``ClusterStore.complete_snapshots``.  Apart, so a reader that needs the registrations too (retention, once a
-    second on every worker) reads them from ZooKeeper once."""
+    second on every worker) reads them from ZooKeeper once, and one that needs only their names (the fronts'
+    ``oldest_complete_snapshot``) reads no more."""
     _check_count("workers", workers)
     needed = {f"worker{i}" for i in range(workers)}
     return sorted((boundary for boundary, registered in snapshots.items() if needed <= registered.keys()),
