@@ -245,6 +245,14 @@ def test_a_value_whose_parts_are_shared_many_times_over_is_written_once_per_part
     assert back[0] == 1 and back[1] is back
 
 
+def test_a_value_of_many_frozensets_is_written_with_the_memo() -> None:
+    """The C pickler's fast mode never counts a frozenset out of its nesting depth: from about fifty of them in
+    one value it raised KeyError on the next container it left (a hypothesis example of a batch's payloads)."""
+    value = [[frozenset({i}) for i in range(60)], [frozenset()], {"after": frozenset({"x"})}]
+    assert values.decode(values.encode(value)) == value
+    assert values.decode_all(b"".join(values.encode_each([value, ["next"]]))) == [value, ["next"]]
+
+
 def test_a_value_past_the_fast_limit_is_written_again_with_the_memo_and_the_next_ones_are_not_harmed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     big = [f"word{i}" for i in range(1000)]
