@@ -14,7 +14,7 @@ it), so one buffer serves any subset of fronts.
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import Any, Final
 
 from flamestream.core.item import Item
 from flamestream.core.meta import CHILD_MASK, GlobalTime, Trace
@@ -105,7 +105,7 @@ class BarrierBuffer:
         return sum(len(s.items) for s in self._slots.values())
 
 
-_ABSENT = object()
+_ABSENT: Final = object()
 
 
 class ArrivalBuffer:

@@ -18,15 +18,16 @@ codec's docstring).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from flamestream.core.hashing import INT32_MAX, INT32_MIN
 from flamestream.core.meta import GlobalTime
 
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+INT64_MIN: Final = -(1 << 63)
+INT64_MAX: Final = (1 << 63) - 1
 
 
-_NO_TIME = object()
+_NO_TIME: Final = object()
 """What ``flatten`` compares an item's time with before the first: nothing an item holds (None would let an item
 whose time is None pass unchecked as the previous item's time)."""
 

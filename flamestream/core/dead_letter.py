@@ -21,14 +21,14 @@ shown by its type only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-DEAD_LETTER = "dead_letter"
+DEAD_LETTER: Final = "dead_letter"
 
-RECORD = "<record>"
+RECORD: Final = "<record>"
 """The ``operation`` of a sink item's dead letter when its payload could not be written as a record."""
 
-MAX_SHOWN_DEPTH = 254
+MAX_SHOWN_DEPTH: Final = 254
 """Payloads nested deeper are shown as ``<list nested deeper than 254 levels>``: ``repr`` recurses, and where
 it runs out of stack depends on the caller's stack, so the text would differ between processes."""
 

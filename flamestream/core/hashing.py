@@ -12,12 +12,12 @@ import operator
 import reprlib
 import zlib
 from collections.abc import Mapping, Set
-from typing import Any
+from typing import Any, Final
 
 from flamestream.core.errors import BalanceError as BalanceError  # re-exported: defined there for mypyc
 
-INT32_MIN = -(1 << 31)
-INT32_MAX = (1 << 31) - 1
+INT32_MIN: Final = -(1 << 31)
+INT32_MAX: Final = (1 << 31) - 1
 
 
 def to_int32(value: int) -> int:

@@ -14,36 +14,36 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, Final
 
-MAX_OUTPUTS = 10_000
+MAX_OUTPUTS: Final = 10_000
 """Default cap on the outputs one map call may produce for one item (``Graph.max_outputs``)."""
 
-MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024
 """Default cap on the estimated size of one map call's outputs (``Graph.max_output_bytes``)."""
 
-MAX_NAME_BYTES = 256
+MAX_NAME_BYTES: Final = 256
 """Longest producer id and consumer-group name (UTF-8 bytes): both are keys held in memory, in the input log
 and in ZooKeeper paths, where a megabyte-long name breaks the session (ZooKeeper's packet limit)."""
 
-MAX_SEQUENCE = 2**63 - 1
+MAX_SEQUENCE: Final = 2**63 - 1
 """Largest producer sequence number a front admits.  Sequences must grow, so a producer that once reached the
 top of the wire's uint64 range (2**64 - 1) could never be admitted again; keeping them below 2**63 leaves any
 producer that numbers from 0, or by nanosecond timestamps, room for centuries, and fits a signed int64."""
 
-RESERVED_PREFIX = "~"
+RESERVED_PREFIX: Final = "~"
 """Producer ids starting with this are internal: the SDK's anonymous ids (``client.ANONYMOUS``)."""
 
-ANONYMOUS_ID = re.compile(r"~anon-[0-9a-f]{32}-[0-9]{1,10}")
+ANONYMOUS_ID: Final = re.compile(r"~anon-[0-9a-f]{32}-[0-9]{1,10}")
 """The only reserved producer ids a front accepts: the SDK's anonymous ids, a random 128-bit token per client
 (plus the front id).  Any other ``~`` id is refused, so a caller cannot pick an id in the SDK's namespace by
 accident, and it cannot take another client's without knowing that client's secret token."""
 
-RETRY_HINT = "(transient: retry after a backoff)"
+RETRY_HINT: Final = "(transient: retry after a backoff)"
 """Ends a RESOURCE_EXHAUSTED message that a retry may overcome (disk full, too many events in flight); the SDK
 retries those and gives up at once on the permanent ones (an event or a request too large)."""
 
-_GROUP_CHARS = re.compile(r"[A-Za-z0-9._:@+=-]+")
+_GROUP_CHARS: Final = re.compile(r"[A-Za-z0-9._:@+=-]+")
 
 
 class OutputLimitError(Exception):
@@ -154,7 +154,7 @@ def group_fault(group: object) -> str | None:
     return None
 
 
-PRESSURE_RELEASE = 0.9
+PRESSURE_RELEASE: Final = 0.9
 """A worker over its memory budget is back under it only below this share of the budget."""
 
 

@@ -22,7 +22,7 @@ import random
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from flamestream.core.acker import AckTable
 from flamestream.core.barrier import BarrierBuffer, Released
@@ -82,7 +82,7 @@ class RunResult:
     """The merged state each hand-over carried, at its boundary."""
 
 
-YOUNG_EVERY = 1 << 16
+YOUNG_EVERY: Final = 1 << 16
 """Scheduler steps between collections of the youngest generation while a run pauses the collector.
 
 Why pause it: a run allocates a tuple or two per item and hop (items, metas,

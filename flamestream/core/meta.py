@@ -16,10 +16,10 @@ several times cheaper to build and compare on the hot path.  ``LocalTime`` and
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-CHILD_BITS = 32
-CHILD_MASK = (1 << CHILD_BITS) - 1
+CHILD_BITS: Final = 32
+CHILD_MASK: Final = (1 << CHILD_BITS) - 1
 
 Trace = tuple[int, ...]
 
@@ -100,8 +100,8 @@ def trace_invalidates(newer: Trace, older: Trace) -> bool:
     return False
 
 
-MIN_TIME = GlobalTime(-(1 << 62), -1)
+MIN_TIME: Final = GlobalTime(-(1 << 62), -1)
 """Smaller than any real global time (before any front has reported)."""
 
-MAX_TIME = GlobalTime(1 << 62, 1 << 31)
+MAX_TIME: Final = GlobalTime(1 << 62, 1 << 31)
 """Larger than any real global time (every front has finished)."""

@@ -17,32 +17,33 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from flamestream.core.dead_letter import RECORD, dead_letter, deeper_than
 from flamestream.core.errors import PayloadError as PayloadError  # re-exported: defined there for mypyc
 
-MAX_DEPTH = 64
+MAX_DEPTH: Final = 64
 """Events nest arrays/objects at most this deep (``1`` is depth 0, ``[1]`` depth 1).  Generous for data, and it
 leaves business logic plenty of the records' own limit and of Python's recursion limit: events are decoded,
 hashed (``stable_hash`` recurses), pickled between workers and written to the input log, and deep nesting
 (500 levels and more) made some of those raise ``RecursionError`` after the event was admitted."""
 
-MAX_RECORD_DEPTH = 254
+MAX_RECORD_DEPTH: Final = 254
 """Records nest at most this deep (orjson's own limit, so the fast and the fallback encoder agree); a sink
 payload nested deeper becomes a dead letter — at a fixed depth, not wherever the stack happens to run out."""
 
 
-_NATIVE_ONLY = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+_NATIVE_ONLY: Final = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+                       | orjson.OPT_PASSTHROUGH_SUBCLASS)
 """orjson writes only plain JSON types itself (several times faster than ``json``, and workers encode every
 record); everything else takes the ``json`` path, as before orjson."""
 
-SHOWN_KEY = 60
+SHOWN_KEY: Final = 60
 """Characters of a key an error message shows."""
 
-_JSON_KEYS = (str, int, float, type(None))
+_JSON_KEYS: Final = (str, int, float, type(None))
 """Dict keys ``json`` writes (as strings; bool is an int); any other key makes the whole dict its ``repr``."""
 
 

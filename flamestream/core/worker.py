@@ -24,7 +24,7 @@ operation is what marks it as such a copy.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from flamestream.core.dead_letter import dead_letter
 from flamestream.core.grouping import Entries, Grouping
@@ -84,10 +84,12 @@ def merge_states(states: Iterable[WorkerState]) -> WorkerState:
     return merged
 
 
-_SINK, _LOCAL, _HASHED = range(3)
+_SINK: Final = 0
+_LOCAL: Final = 1
+_HASHED: Final = 2
 
-_CHILDREN = tuple((i,) for i in range(256))
-_FIRST_CHILD = _CHILDREN[0]
+_CHILDREN: Final = tuple((i,) for i in range(256))
+_FIRST_CHILD: Final = _CHILDREN[0]
 
 
 def _child(i: int) -> Trace:
