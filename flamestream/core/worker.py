@@ -23,6 +23,7 @@ operation is what marks it as such a copy.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Final
 
@@ -108,6 +109,11 @@ class Worker:
         self.index = index
         self.layout = layout
         self.lo, self.hi = layout.range_of(index)
+        self._starts = layout.starts
+        """``layout.starts``, for ``Layout.owner``'s bisect done here: the method is interpreted (tick is not
+        compiled), and a call into it cost more than the routing around it."""
+        self._balances = plan.balances
+        """Read once per routed output list: the plan is a plain dataclass, each attribute read a dict lookup."""
         self._first = [r[0] if r else -1 for r in plan.routes]
         """Each operation's first (for all but broadcast: only) downstream operation."""
         self._modes = [_SINK if kind == SINK else _LOCAL if plan.balances[i] is None else _HASHED
@@ -134,6 +140,7 @@ class Worker:
         plan = self.plan
         kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
         equivalences, first, modes = plan.equivalences, self._first, self._modes
+        max_outputs, max_output_bytes = plan.max_outputs, plan.max_output_bytes
         groupings = self.groupings
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
@@ -152,7 +159,7 @@ class Worker:
                 try:
                     if kind == MAP:
                         fn: Any = fns[op]  # too many or too large outputs: bounded_outputs makes a dead letter
-                        results = bounded_outputs(fn(payload), plan.max_outputs, plan.max_output_bytes)
+                        results = bounded_outputs(fn(payload), max_outputs, max_output_bytes)
                         outs = [(p, gt, trace + _child(i), tomb) for i, p in enumerate(results)]
                     elif kind == GROUPING:
                         eq = equivalences[op]
@@ -215,9 +222,8 @@ class Worker:
         ack flowing on — not a TypeError that stops the worker.
         """
         sent = 0
-        plan = self.plan
-        balance: Any = plan.balances[dst]
-        lo, hi = self.lo, self.hi
+        balance: Any = self._balances[dst]
+        lo, hi, starts = self.lo, self.hi, self._starts
         smallest, largest = INT32_MIN, INT32_MAX
         for item in items:
             try:
@@ -226,14 +232,14 @@ class Worker:
                     h = as_hash(h)  # folded into int32, or BalanceError: the same everywhere (see as_hash)
             except Exception as exc:
                 if emits:
-                    barrier.append((dead_letter(plan.names[dst], exc, item[0]), item[1], item[2], item[3]))
+                    barrier.append((dead_letter(self.plan.names[dst], exc, item[0]), item[1], item[2], item[3]))
                 continue
             if self.cut and dst in self.cut:
                 self.cut_off.append((dst, h, item))
             elif lo <= h <= hi:
                 local.append((dst, h, item))
             elif not copy:
-                remote.setdefault(self.layout.owner(h), []).append((dst, h, item))
+                remote.setdefault(bisect_right(starts, h) - 1, []).append((dst, h, item))  # Layout.owner
                 sent += 1
         return sent
 
