@@ -104,12 +104,11 @@ def _without_memo(pickler: _PlainPickler, out: _Capped, value: Any) -> bytes | N
     out.truncate()
     try:
         pickler.dump(value)
-    except (_Spilled, pickle.PicklingError, RecursionError, ValueError):  # ValueError: a cycle, or not plain
-        return None
-    except KeyError:
-        # CPython's C pickler in fast mode counts a frozenset into its nesting depth and never out again; past
-        # 50 it keeps ids to detect cycles, and the next container it leaves is not among them.  A value with
-        # some fifty frozensets hit it (found by hypothesis): written with the memo, it is fine.
+    except (_Spilled, pickle.PicklingError, RecursionError, ValueError, KeyError):
+        # ValueError: a cycle, or not plain.  KeyError: CPython's C pickler in fast mode counts a frozenset into
+        # its nesting depth and never out again; past 50 it keeps ids to detect cycles, and the next container it
+        # leaves is not among them (some fifty frozensets in one value, found by hypothesis).  With the memo,
+        # all of these are written (or refused) properly.
         return None
     return out.getvalue()
 

@@ -107,7 +107,6 @@ class Worker:
         self.cut = cut
         self.cut_off: list[Envelope] = []
         self.index = index
-        self.layout = layout
         self.lo, self.hi = layout.range_of(index)
         self._starts = layout.starts
         """``layout.starts``, for ``Layout.owner``'s bisect done here: the method is interpreted (tick is not
