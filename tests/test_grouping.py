@@ -406,3 +406,88 @@ def test_snapshot_changes_add_up_to_the_whole_snapshot(window: int, keys: int, r
             assert image == dict(g.snapshot(GlobalTime(at, 0)))
         g.trim(GlobalTime(at, 0))
         trimmed = at
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(2, 4),
+    keys=st.integers(1, 5),
+    later=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 9)), max_size=12),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_a_grouping_restored_lazily_acts_as_one_restored_whole(window: int, keys: int,
+                                                               later: list[tuple[int, int]],
+                                                               rnd: random.Random) -> None:
+    """``restore_lazily``: the same emissions, changes and snapshot as ``restore`` of the same entries, after
+    items in any order (tombstones included); a key's entries are decoded only once an item reaches it (or the
+    whole snapshot is taken), and once."""
+    source = Grouping(window)
+    for ts in range(10):
+        source.accept(ts % keys, item(ts, ts))
+    boundary = GlobalTime(10, 0)
+    restored = source.snapshot(boundary)
+    whole, lazy = Grouping(window), Grouping(window)
+    thawed: list[Any] = []
+
+    def thaw(key: Any, entries: Any) -> Any:
+        def decoded() -> Any:
+            thawed.append(key)
+            return entries
+        return decoded
+
+    for key, entries in restored:
+        whole.restore(key, entries)
+        lazy.restore_lazily(key, thaw(key, entries))
+    whole.snapshot_changes(boundary)  # what a worker's image takes at once; the lazy one's image holds it already
+    assert lazy.snapshot_changes(boundary) == []
+    events = [(key, item(f"{key}@{ts}", 10 + ts, (n,))) for n, (key, ts) in enumerate(later)]
+    events += [(key, tomb(it)) for key, it in events if rnd.random() < 0.3]
+    rnd.shuffle(events)
+    reached: set[Any] = set()
+    for key, it in events:
+        assert lazy.accept(key, it) == whole.accept(key, it)
+        reached.add(key)
+    assert sorted(thawed) == sorted(reached & {key for key, _ in restored})
+    end = GlobalTime(20, 0)
+    assert lazy.snapshot_changes(end) == whole.snapshot_changes(end)
+    assert dict(lazy.snapshot(end)) == dict(whole.snapshot(end))
+    assert sorted(thawed) == sorted(key for key, _ in restored)
+    with pytest.raises(ValueError, match="restored twice"):
+        lazy.restore_lazily(restored[0][0], thaw(None, []))
+
+
+def test_a_restored_bucket_that_cannot_be_decoded_stops_its_worker_and_is_no_items_dead_letter() -> None:
+    """A thaw that fails raises ``StateError`` every time the key is reached, holding no bucket for it meanwhile;
+    ``Worker.run`` lets it through rather than dead-letter the item (and every later one of the key) on a state
+    it does not have."""
+    from examples import wordcount
+    from flamestream.core.grouping import StateError
+    from flamestream.core.plan import compile_graph
+    from flamestream.core.tick import Layout
+    from flamestream.core.worker import Worker, front_envelopes
+
+    def broken() -> Any:
+        raise ValueError("not an encoded value")
+
+    g = Grouping(2)
+    g.restore_lazily("k", broken)
+    for _ in range(2):
+        with pytest.raises(StateError, match="restored bucket 'k' cannot be decoded: not an encoded value"):
+            g.accept("k", item(1, 5))
+    assert g.buckets == {}
+
+    plan, layout = compile_graph(wordcount.graph()), Layout.even(1)
+    lines = [(line, GlobalTime(ts, 0)) for ts, line in enumerate(["a b", "b c"], 1)]
+
+    def envelopes(n: int) -> Any:
+        line, gt = lines[n]
+        return front_envelopes(plan, layout, [(plan.entry_balance(line), (line, gt, (), False))])[0]
+
+    first = Worker(plan, 0, layout)
+    first.process(envelopes(0))
+    taken = Worker(plan, 0, layout)
+    for name, buckets in first.snapshot(GlobalTime(2, 0)).items():
+        for h, key, _entries in buckets:
+            assert taken.restore_lazily(name, h, key, broken)
+    with pytest.raises(StateError):
+        taken.process(envelopes(1))

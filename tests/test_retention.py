@@ -292,28 +292,26 @@ def test_a_damaged_hand_over_snapshot_falls_back_to_an_older_one_or_refuses(
     own = comparable({name: [b for b in buckets if Layout.even(2).owner(b[0]) == 0] for name, buckets in whole.items()})
     assert own != expected
 
-    state, files, how, known = service._handed_over(tick, 0, previous, complete)
-    assert (comparable(state), files, how) == (own, 1, "")  # intact: its own file of the snapshot below T
-    # with each bucket's chunk as read, for the worker's snapshot image
-    assert known is not None
-    assert {name: set(chunks) for name, chunks in known.items()} == {
-        name: {key for _h, key, _entries in buckets} for name, buckets in state.items() if buckets}
+    state, frozen, files, how = service._handed_over(tick, 0, previous, complete)
+    # intact: its own file of the snapshot below T, its buckets as read (for the core to decode when needed)
+    assert (state, files, how) == ({}, 1, "")
+    assert comparable({name: [(b.h, b.key, b.entries()) for b in buckets] for name, buckets in frozen.items()}) == own
 
     flip(newest_files[1])  # another worker's file: not read by this one
-    assert service._handed_over(tick, 0, previous, complete)[1:3] == (1, "")
+    assert service._handed_over(tick, 0, previous, complete)[2:] == (1, "")
 
     flip(newest_files[0])
     with caplog.at_level(logging.WARNING):
-        state, files, how, known = service._handed_over(tick, 0, previous, complete)
-    # rebuilt from an older snapshot: all of it, as re-processing the events crosses ranges; no chunks to reuse
+        state, frozen, files, how = service._handed_over(tick, 0, previous, complete)
+    # rebuilt from an older snapshot: all of it, as re-processing the events crosses ranges
     assert comparable(state) == expected and f"older snapshot below {boundary_name(older)}" in how and files == 2
-    assert known is None
+    assert frozen == {}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(str(newest_files[0]) in w and "is corrupted: its checksum does not match" in w for w in warnings)
     assert any("from its older snapshot below" in w for w in warnings)
 
     older_files[0].write_bytes(older_files[0].read_bytes()[:100])  # torn: the next older one is used then
-    state, _files, how, _known = service._handed_over(tick, 0, previous, complete)
+    state, _frozen, _files, how = service._handed_over(tick, 0, previous, complete)
     assert comparable(state) == expected and f"below {boundary_name(oldest)}" in how
 
     flip(Path(store.registered[boundary_name(oldest)]["worker0"]["path"]))  # none left: refused, loudly
@@ -325,9 +323,9 @@ def test_a_damaged_hand_over_snapshot_falls_back_to_an_older_one_or_refuses(
 
 def test_a_worker_that_takes_a_snapshot_over_starts_its_image_from_the_chunks_it_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_take_over``: the core holds the worker's share of the snapshot and reports none of it as changed, and
-    its snapshot image is that file's buckets as read, encoded by nobody: written at the same boundary it is
-    the same file, and a change after the take-over encodes just its bucket."""
+    """``_take_over``: the core holds the worker's share of the snapshot, none of it decoded yet nor reported as
+    changed, and its snapshot image is that file's buckets as read, encoded by nobody: written at the same
+    boundary it is the same file, and a change after the take-over encodes just its bucket."""
     from flamestream.core import values
     from flamestream.core.plan import compile_graph
     from flamestream.core.tick import Tick
@@ -355,6 +353,7 @@ def test_a_worker_that_takes_a_snapshot_over_starts_its_image_from_the_chunks_it
     monkeypatch.setattr(values, "encode_each", counted)
     assert service._take_over(deployment, 0, previous, [boundary_name(at)]) == (1, "")
     assert encoded == []
+    assert deployment.core.state_size() == 0  # taken over lazily: no bucket decoded yet
 
     _info, own = read_snapshot(own_file)
     assert own and comparable(deployment.core.snapshot(at)) == comparable(own)
@@ -366,8 +365,8 @@ def test_a_worker_that_takes_a_snapshot_over_starts_its_image_from_the_chunks_it
     name, buckets = next((n, b) for n, b in own.items() if b)
     h, key, entries = buckets[0]
     encoded.clear()  # the write encoded each grouping's name
-    deployment.image.update({name: [(h, key, entries)]})  # a change: only its bucket is encoded
-    assert len(encoded) == 1 and encoded[0][0] == name
+    deployment.image.update({name: [(h, key, entries)]})  # a change: only its bucket is encoded, then its header
+    assert len(encoded) == 2 and len(encoded[0]) == len(entries) and encoded[1][:3] == [h, key, len(entries)]
 
 
 def test_a_fallback_without_the_events_in_between_is_refused(tmp_path: Path) -> None:

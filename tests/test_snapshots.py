@@ -20,9 +20,11 @@ from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.meta import GlobalTime
 from flamestream.core.worker import WorkerState
 from flamestream.storage.snapshots import (
+    VERSION,
     SnapshotError,
     SnapshotImage,
     read_snapshot,
+    read_snapshot_frozen,
     snapshot_path,
     write_snapshot,
 )
@@ -148,7 +150,7 @@ def test_damage_is_detected_and_named(tmp_path: Path, damage: str) -> None:
     elif damage == "magic":
         data[0:4] = b"junk"
     else:
-        data = bytearray(bytes(data).replace(b'"version": 2', b'"version": 9', 1))
+        data = bytearray(bytes(data).replace(b'"version": %d' % VERSION, b'"version": 9', 1))
     path.write_bytes(bytes(data))
     expected = {"truncate": "truncated", "flip": "corrupted", "magic": "not a flamestream snapshot",
                 "version": "format version 9"}[damage]
@@ -194,23 +196,56 @@ def test_every_flipped_byte_is_detected_header_included(tmp_path: Path) -> None:
             assert (info, back) == (written, state), f"byte {position} ^ {mask:#x} loaded as something else"
 
 
-def test_a_format_1_file_still_reads(tmp_path: Path) -> None:
-    """Format 1 checksummed the body only; files written by that build still load (a hand-over across an
-    upgrade), and are still refused when their body is damaged."""
+def thawed(frozen: dict[str, list[Any]]) -> WorkerState:
+    return {name: [(b.h, b.key, b.entries()) for b in buckets] for name, buckets in frozen.items()}
+
+
+def test_a_file_read_frozen_holds_the_same_state_and_its_buckets_write_back_the_same_bytes(tmp_path: Path) -> None:
+    """``read_snapshot_frozen``: every bucket's key and hash without its entries decoded, the entries decoded on
+    demand equal to ``read_snapshot``'s, and an image of the adopted buckets writes the very same file."""
+    at, state = handover_state()
+    path = snapshot_path(tmp_path, at, 0)
+    written = write_snapshot(path, state, boundary=at, worker=0, tick=2)
+    info, frozen = read_snapshot_frozen(path)
+    assert info == written and thawed(frozen) == state
+    image = SnapshotImage()
+    for name, buckets in frozen.items():
+        for bucket in buckets:
+            image.adopt(name, bucket)
+    again = snapshot_path(tmp_path, at, 1)
+    image.write(again, boundary=at, worker=0, tick=2)
+    assert again.read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_file_of_an_older_format_still_reads(tmp_path: Path, version: int) -> None:
+    """Formats 1 and 2 held chunks of whole buckets, format 1 checksummed the body only; files written by those
+    builds still load, whole or frozen (a hand-over across an upgrade), and are still refused when their body is
+    damaged."""
     import hashlib
     import json
 
     at, state = handover_state()
+    chunks = []
+    for name, buckets in state.items():
+        chunks.append(values.encode([name]))  # a grouping, then a chunk of one bucket each
+        for h, key, entries in buckets:
+            encoded = [[gt.ts, gt.front, list(trace), payload] for (gt, trace), payload in entries]
+            chunks.append(values.encode([name, [[h, key, encoded]]]))
+    body = b"".join(chunks)
+    fields: dict[str, Any] = {"version": version, "boundary": list(at), "worker": 0, "tick": 1,
+                              "keys": sum(map(len, state.values())),
+                              "items": sum(len(e) for buckets in state.values() for _h, _k, e in buckets),
+                              "body_bytes": len(body)}
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    fields["sha256"] = hashlib.sha256(body if version == 1 else canonical + body).hexdigest()
     path = snapshot_path(tmp_path, at, 0)
-    write_snapshot(path, state, boundary=at, worker=0, tick=1)
-    whole = path.read_bytes()
-    header_end = whole.index(b"\n", 21)
-    fields = json.loads(whole[21:header_end])
-    body = whole[header_end + 1:]
-    fields.update(version=1, sha256=hashlib.sha256(body).hexdigest())
-    path.write_bytes(whole[:21] + json.dumps(fields).encode() + b"\n" + body)
+    path.parent.mkdir(parents=True)
+    header = b"flamestream-snapshot\n" + json.dumps(fields).encode() + b"\n"
+    path.write_bytes(header + body)
     assert read_snapshot(path)[1] == state
-    path.write_bytes(whole[:21] + json.dumps(fields).encode() + b"\n" + body[:-1] + bytes([body[-1] ^ 1]))
+    assert thawed(read_snapshot_frozen(path)[1]) == state
+    path.write_bytes(header + body[:-1] + bytes([body[-1] ^ 1]))
     with pytest.raises(SnapshotError, match="corrupted"):
         read_snapshot(path)
 

@@ -53,11 +53,12 @@ from flamestream.runtime.tick_gate import TICK_WAIT
 from flamestream.storage.input_log import read_input_range
 from flamestream.storage.log import LogError
 from flamestream.storage.snapshots import (
-    Encoded,
+    Frozen,
     SnapshotError,
     SnapshotImage,
     SnapshotInfo,
-    read_snapshot_encoded,
+    read_snapshot,
+    read_snapshot_frozen,
     snapshot_dir,
     snapshot_path,
     write_snapshot,
@@ -382,23 +383,30 @@ class WorkerService(rpc.WorkerServicer):
         the state was obtained).  In a thread, so the event loop runs on (a hand-over's previous tick, health
         checks); nothing else touches the deployment's core before it is restored.
 
-        The image starts as the whole restored state, in the chunks just read
-        where the state came straight from a snapshot: the next periodic
-        snapshot then encodes only what changed since, not the whole state.
+        Straight from a snapshot, the core takes its buckets over lazily and
+        the image holds them as read: neither decodes nor encodes them until
+        they change.  Rebuilt state is restored whole, and the image starts
+        as all of it.
         """
-        assert deployment.image is not None
+        image = deployment.image
+        assert image is not None
         with loading_state():
-            state, files, source, known = self._handed_over(deployment.tick, previous, data, complete)
+            state, frozen, files, source = self._handed_over(deployment.tick, previous, data, complete)
             deployment.core.restore(state)
-            deployment.image.update(deployment.core.snapshot_changes(deployment.tick.start), known)
+            for name, buckets in frozen.items():
+                for bucket in buckets:
+                    if deployment.core.restore_lazily(name, bucket.h, bucket.key, bucket.entries):
+                        image.adopt(name, bucket)
+            image.update(deployment.core.snapshot_changes(deployment.tick.start))
         return files, source
 
     def _handed_over(self, tick: Tick, previous: int, data: dict[str, Any],
-                     complete: list[str]) -> tuple[WorkerState, int, str, Encoded | None]:
-        """The state of tick ``previous`` below ``tick.start`` T that this worker needs: (state, files read, how it
-        was obtained, the chunks of the files' buckets where the state came straight from them).
+                     complete: list[str]) -> tuple[WorkerState, Frozen, int, str]:
+        """The state of tick ``previous`` below ``tick.start`` T that this worker needs: (state, the buckets of
+        the files it came straight from, files read, how it was obtained); one of the first two is empty.
 
-        The snapshot below T itself, if all its files are intact.  Otherwise
+        The snapshot below T itself, if all its files are intact: its buckets
+        as the files hold them, for ``Grouping.restore_lazily``.  Otherwise
         the newest older complete snapshot T' < T of ``previous`` whose files
         are, plus the events of [T', T) re-processed from the fronts' input
         logs with ``previous``'s graph (``_catch_up``): the model is
@@ -425,23 +433,20 @@ class WorkerService(rpc.WorkerServicer):
                 continue
             at = boundary_of(name)
             files = sorted(infos.items())
-            exact = at == tick.start
-            if exact:
-                files = [(member, info) for member, info in files if _meets(old, member, lo, hi)]
             try:
-                read = [read_snapshot_encoded(Path(str(info["path"])), chunks=exact) for _member, info in files]
+                if at == tick.start:
+                    mine = [info for member, info in files if _meets(old, member, lo, hi)]
+                    frozen: Frozen = {}
+                    for info in mine:
+                        for grouping, buckets in read_snapshot_frozen(Path(str(info["path"])))[1].items():
+                            frozen.setdefault(grouping, []).extend(buckets)
+                    return {}, frozen, len(mine), ""
+                states = [read_snapshot(Path(str(info["path"])))[1] for _member, info in files]
             except SnapshotError as exc:
                 self.log.warning("cannot take over the state of tick %d from its snapshot below %s: %s", previous,
                                  name, exc)
                 failures.append(str(exc))
                 continue
-            states = [state for _info, state, _known in read]
-            if exact:
-                known: Encoded = {}
-                for _info, _state, chunks in read:
-                    for grouping, buckets in chunks.items():
-                        known.setdefault(grouping, {}).update(buckets)
-                return merge_states(states), len(states), "", known
             try:
                 state, events = _catch_up(data["graph"], merge_states(states), at, tick.start,
                                           self._data_dir_or_fail())
@@ -453,7 +458,7 @@ class WorkerService(rpc.WorkerServicer):
             self.log.warning("tick %d takes over the state of tick %d below %s from its older snapshot below %s and "
                              "%d events re-processed from the input log", tick.number, previous,
                              boundary_name(tick.start), name, events)
-            return state, len(states), f" via the older snapshot below {name} + {events} events", None
+            return state, {}, len(states), f" via the older snapshot below {name} + {events} events"
         raise RuntimeError(
             f"tick {tick.number} cannot take over the state of tick {previous} below {boundary_name(tick.start)}: "
             f"no retained complete snapshot is intact and usable ({'; '.join(failures) or 'none'}); it processes "

@@ -122,7 +122,7 @@ def _with_memo(value: Any) -> bytes:
     return out.getvalue()
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes | memoryview) -> Any:
     """The value ``encode`` wrote; ValueError (never anything else, never code) for bytes it did not write."""
     values = decode_all(data)
     if len(values) != 1:
@@ -130,34 +130,24 @@ def decode(data: bytes) -> Any:
     return values[0]
 
 
-def decode_all(data: bytes) -> list[Any]:
+def decode_all(data: bytes | memoryview) -> list[Any]:
     """The values of ``encode`` results written one after another (``b"".join``), in order.
 
     Why several: one pickle of a large state holds the GIL for its whole
     encoding (60 ms for 3 MB), long enough to show in every latency the
     process measures meanwhile; chunks let the event loop run in between.
     """
-    return [value for value, _end in _loads(data)]
-
-
-def decode_chunks(data: bytes) -> list[tuple[Any, bytes]]:
-    """``decode_all``'s values, each with the bytes it was decoded from: a worker that takes a snapshot's buckets
-    over keeps their encoding instead of encoding its whole state again at its next snapshot."""
-    chunks = []
-    start = 0
-    for value, end in _loads(data):
-        chunks.append((value, data[start:end]))
-        start = end
-    return chunks
-
-
-def _loads(data: bytes) -> list[tuple[Any, int]]:
-    """Each value of ``data`` with the offset its encoding ends at."""
     stream = io.BytesIO(data)
     loaded = []
+    while stream.tell() < len(data):  # one unpickler each: memo indexes restart per pickle
+        loaded.append(decode_next(stream))
+    return loaded
+
+
+def decode_next(stream: io.BytesIO) -> Any:
+    """The value whose encoding starts at ``stream``'s position, leaving the position where it ends: a reader
+    that skips what it does not need yet (a snapshot's bucket entries) takes the values it does one at a time."""
     try:
-        while stream.tell() < len(data):  # one unpickler each: memo indexes restart per pickle
-            loaded.append((_PlainUnpickler(stream).load(), stream.tell()))
+        return _PlainUnpickler(stream).load()
     except Exception as exc:  # a crafted or torn pickle can raise almost any error type while being read
         raise ValueError(f"not an encoded value: {exc!r}") from exc
-    return loaded

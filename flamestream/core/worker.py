@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Final
 
 from flamestream.core.dead_letter import dead_letter
-from flamestream.core.grouping import Entries, Grouping
+from flamestream.core.grouping import Entries, Grouping, StateError, Thaw
 from flamestream.core.hashing import INT32_MAX, INT32_MIN, as_hash
 from flamestream.core.item import Envelope, Item
 from flamestream.core.limits import bounded_outputs
@@ -121,6 +121,7 @@ class Worker:
         self.groupings: dict[int, Grouping] = {
             i: Grouping(plan.windows[i]) for i, kind in enumerate(plan.kinds) if kind == GROUPING
         }
+        self._by_name = {plan.names[op]: grouping for op, grouping in self.groupings.items()}
 
     def process(self, envelopes: list[Envelope]) -> Outbox:
         """Run ``envelopes`` to completion; everything they produced in one outbox."""
@@ -171,6 +172,8 @@ class Worker:
                         if emits:
                             barrier.append(item)
                         break
+                except StateError:
+                    raise
                 except Exception as exc:  # business logic failed: dead letter, never a dead worker
                     if emits:
                         barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
@@ -270,14 +273,22 @@ class Worker:
         starts empty, and state of groupings this graph lacks is ignored
         (deploy refuses to drop it unless asked to).
         """
-        by_name = {self.plan.names[op]: grouping for op, grouping in self.groupings.items()}
         for name, keys in state.items():
-            grouping = by_name.get(name)
+            grouping = self._by_name.get(name)
             if grouping is None:
                 continue
             for h, key, entries in keys:
                 if self.lo <= h <= self.hi:
                     grouping.restore(key, entries)
+
+    def restore_lazily(self, name: str, h: int, key: Hashable, thaw: Thaw) -> bool:
+        """``restore`` of one bucket whose entries ``thaw`` decodes when first needed (``Grouping.restore_lazily``);
+        whether this worker took it (its range owns ``h`` and its graph has the grouping)."""
+        grouping = self._by_name.get(name)
+        if grouping is None or not self.lo <= h <= self.hi:
+            return False
+        grouping.restore_lazily(key, thaw)
+        return True
 
     def on_min_time(self, min_time: GlobalTime) -> None:
         """The acker's minimal time moved: trim grouping state."""

@@ -141,7 +141,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_durably(path: Path, *parts: bytes) -> None:
+def write_durably(path: Path, *parts: bytes | memoryview) -> None:
     """``parts``, one after another, at ``path`` or the old file there, whatever crashes when: a temporary name,
     fsync, rename, then the directory fsynced so the rename itself survives a power cut (snapshots, a front's
     checkpoint).  In parts, so a snapshot's tens of thousands of chunks are not first copied into one buffer."""

@@ -8,10 +8,12 @@ leaves the old file or the new one.  The checksum covers the header's fields
 as well as the body (format 2; format 1 covered the body only and is still
 read): a flipped digit in the header would otherwise pass for another
 boundary, worker or tick, and a replay would trust it.  The body is
-``flamestream.core.values`` in chunks of buckets (one bucket each since
-``SnapshotImage``; older files hold up to 512): exact for tuples and
-non-string keys, and decoding can build only plain values (nothing read back
-may run code).
+``flamestream.core.values``: exact for tuples and non-string keys, and
+decoding can build only plain values (nothing read back may run code).
+Since format 3 each bucket is a small header (hash, key, items, size) and
+then its entries, so a restarted worker reads every key and decodes a
+bucket's entries only when it needs them (``FrozenBucket``); formats 1 and 2
+hold chunks of whole buckets and are still read.
 
 Layout: ``DIR/snapshots/<boundary ts>-<boundary front>/worker-<i>.snap``.
 """
@@ -19,21 +21,24 @@ Layout: ``DIR/snapshots/<boundary ts>-<boundary front>/worker-<i>.snap``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from flamestream.core import values
+from flamestream.core.grouping import Entries
 from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.worker import WorkerState
 from flamestream.storage.log import write_durably
 
 MAGIC = b"flamestream-snapshot\n"
-VERSION = 2
-READABLE = (1, 2)
-"""Format versions this build reads: 1 checksummed the body only, 2 also the header's fields."""
+VERSION = 3
+READABLE = (1, 2, 3)
+"""Format versions this build reads: 1 checksummed the body only, 2 also the header's fields, 3 writes each bucket
+with a header that gives its key and size (``FrozenBucket``)."""
 
 
 class SnapshotError(Exception):
@@ -54,16 +59,57 @@ class SnapshotInfo:
     sha256: str
 
 
-Encoded = dict[str, dict[Hashable, tuple[bytes, int]]]
-"""Grouping name -> bucket key -> (the bucket's encoded chunk, items in it): a snapshot's buckets as written."""
-
-
 def snapshot_dir(data_dir: Path, boundary: GlobalTime) -> Path:
     return data_dir / "snapshots" / boundary_name(boundary)
 
 
 def snapshot_path(data_dir: Path, boundary: GlobalTime, worker: int) -> Path:
     return snapshot_dir(data_dir, boundary) / f"worker-{worker}.snap"
+
+
+class FrozenBucket(NamedTuple):
+    """One bucket of a snapshot file with its entries still encoded: a worker that takes it over decodes them only
+    when an item first reaches the key (``Grouping.restore_lazily``), and its next snapshot writes the same bytes.
+
+    Format 3 writes each bucket as a small header value ``[h, key, items,
+    size]`` followed by its ``size`` bytes of entries, so a reader finds
+    every key without decoding what it holds.
+    """
+
+    h: int
+    key: Hashable
+    items: int
+    head: bytes | memoryview
+    body: bytes | memoryview
+    """Read from a file, both are views of the file's bytes: copying them out cost more than finding them."""
+    source: str
+    """The file it came from, to name in an error."""
+
+    def entries(self) -> Entries:
+        try:
+            return _entries(values.decode(self.body))
+        except (ValueError, TypeError) as exc:
+            raise SnapshotError(f"snapshot {self.source} has a damaged bucket {self.key!r}: {exc}") from exc
+
+
+Frozen = dict[str, list[FrozenBucket]]
+"""Grouping name -> its buckets as a snapshot file holds them (every grouping the file names, even without any)."""
+
+
+def _entries(encoded: Any) -> Entries:
+    return [((GlobalTime(int(ts), int(front)), tuple(int(t) for t in trace)), payload)
+            for ts, front, trace, payload in encoded]
+
+
+def _frozen(buckets: list[tuple[int, Hashable, Entries]], source: str) -> list[FrozenBucket]:
+    """``buckets`` encoded as format 3 writes them, through one pickler (a snapshot encodes thousands each second,
+    and a pickler per value would cost more than most of them)."""
+    bodies = list(values.encode_each([[gt.ts, gt.front, list(trace), payload] for (gt, trace), payload in entries]
+                                     for _h, _key, entries in buckets))
+    heads = values.encode_each([h, key, len(entries), len(body)]
+                               for (h, key, entries), body in zip(buckets, bodies, strict=True))
+    return [FrozenBucket(h=h, key=key, items=len(entries), head=head, body=body, source=source)
+            for (h, key, entries), head, body in zip(buckets, heads, bodies, strict=True)]
 
 
 class SnapshotImage:
@@ -75,46 +121,38 @@ class SnapshotImage:
     state), and that showed in the latency of every record the worker
     handled meanwhile.  A second of pages changes a few thousand words;
     ``update`` takes what ``Worker.snapshot_changes`` reports, and
-    ``write`` joins the encoded buckets into an ordinary snapshot file —
-    each bucket one chunk, so the reader is the same as for a whole state.
+    ``write`` joins the encoded buckets into an ordinary snapshot file.
     """
 
     def __init__(self) -> None:
-        self._groupings: Encoded = {}
+        self._groupings: dict[str, dict[Hashable, FrozenBucket]] = {}
 
-    def update(self, changes: WorkerState, known: Encoded | None = None) -> None:
+    def update(self, changes: WorkerState) -> None:
         """Apply a change report: a bucket with entries replaces what the image held for its key, one
-        without removes it; a grouping the report names exists even if it has no buckets.  A bucket whose
-        chunk ``known`` holds (one just read from a snapshot with those very entries) takes that chunk as it
-        is: a worker that took a snapshot over reports its whole state once, and encoding it again took as
-        long as decoding it (2 s for 89 MB of inverted index)."""
+        without removes it; a grouping the report names exists even if it has no buckets."""
         for name, buckets in changes.items():
             image = self._groupings.setdefault(name, {})
-            given = known.get(name, {}) if known is not None else {}
-            fresh = []
-            for h, key, entries in buckets:
+            for _h, key, entries in buckets:
                 if not entries:
                     image.pop(key, None)
-                elif key in given:
-                    image[key] = given[key]
-                else:
-                    fresh.append((h, key, entries))
-            chunks = values.encode_each([name, [[h, key, [[gt.ts, gt.front, list(trace), payload]
-                                                          for (gt, trace), payload in entries]]]]
-                                        for h, key, entries in fresh)
-            for (_h, key, entries), chunk in zip(fresh, chunks, strict=True):
-                image[key] = (chunk, len(entries))
+            for bucket in _frozen([bucket for bucket in buckets if bucket[2]], ""):
+                image[bucket.key] = bucket
+
+    def adopt(self, name: str, bucket: FrozenBucket) -> None:
+        """Hold ``bucket`` as it was read from a snapshot: a worker that took it over lazily writes it unchanged
+        until it changes, instead of encoding again what it just read (2 s for 89 MB of inverted index)."""
+        self._groupings.setdefault(name, {})[bucket.key] = bucket
 
     def write(self, path: Path, *, boundary: GlobalTime, worker: int, tick: int) -> SnapshotInfo:
         """Write the image durably and atomically to ``path``; returns its header."""
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         keys = items = 0
         for name, image in self._groupings.items():
-            parts.append(values.encode([name]))  # a grouping with no buckets still says it exists
+            parts.append(values.encode([name]))  # a grouping's buckets follow it; it exists even with none
             keys += len(image)
-            for chunk, count in image.values():
-                parts.append(chunk)
-                items += count
+            for bucket in image.values():
+                parts += bucket.head, bucket.body
+                items += bucket.items
         body_bytes = sum(map(len, parts))
         fields: dict[str, Any] = {"version": VERSION, "boundary": list(boundary), "worker": worker, "tick": tick,
                                   "keys": keys, "items": items, "body_bytes": body_bytes}
@@ -124,25 +162,43 @@ class SnapshotImage:
                             body_bytes=body_bytes, sha256=fields["sha256"])
 
 
-def _state(chunks: Iterable[tuple[Any, bytes | None]]) -> tuple[WorkerState, Encoded]:
-    """The state a file's chunks hold, and the chunks of its buckets that were written one to a chunk (of those
-    whose bytes are given)."""
+def _state_of_chunks(body: memoryview) -> WorkerState:
+    """The state a body of formats 1 and 2 holds: values ``[name, [h, key, entries]...]``."""
     state: WorkerState = {}
-    encoded: Encoded = {}
-    for chunk, data in chunks:
+    for chunk in values.decode_all(body):
         name, *buckets = chunk
-        name = str(name)
-        mine = state.setdefault(name, [])
-        held = buckets[0] if buckets else []
-        for h, key, entries in held:
-            mine.append((int(h), key, [((GlobalTime(int(ts), int(front)), tuple(int(t) for t in trace)), payload)
-                                       for ts, front, trace, payload in entries]))
-        if data is not None and len(held) == 1:
-            encoded.setdefault(name, {})[mine[-1][1]] = (data, len(mine[-1][2]))
-    return state, encoded
+        mine = state.setdefault(str(name), [])
+        for h, key, entries in buckets[0] if buckets else []:
+            mine.append((int(h), key, _entries(entries)))
+    return state
 
 
-def _checksum(fields: dict[str, Any], body: Iterable[bytes]) -> str:
+def _frozen_of_body(data: bytes, start: int, source: str) -> Frozen:
+    """The buckets of a format 3 body, ``data`` from ``start`` on, their entries left encoded: ``[name]`` starts a
+    grouping, each bucket is a header ``[h, key, items, size]`` and ``size`` bytes of entries."""
+    frozen: Frozen = {}
+    mine: list[FrozenBucket] | None = None
+    view = memoryview(data)
+    stream = io.BytesIO(data)  # shares the bytes, as the views do
+    stream.seek(start)
+    while (at := stream.tell()) < len(data):
+        value = values.decode_next(stream)
+        if isinstance(value, list) and len(value) == 1:
+            mine = frozen.setdefault(str(value[0]), [])
+            continue
+        if mine is None or not isinstance(value, list) or len(value) != 4:
+            raise ValueError(f"byte {at - start}: neither a grouping nor a bucket header")
+        h, key, items, size = value
+        entries = stream.tell()
+        if not 0 <= int(size) <= len(data) - entries or int(items) < 0:
+            raise ValueError(f"byte {at - start}: a bucket of {size} bytes and {items} items")
+        mine.append(FrozenBucket(int(h), key, int(items), view[at:entries], view[entries:entries + int(size)],
+                                 source))
+        stream.seek(entries + int(size))
+    return frozen
+
+
+def _checksum(fields: dict[str, Any], body: Iterable[bytes | memoryview]) -> str:
     """SHA-256 of the header's fields (all but the checksum, in a canonical form) and the body, given in parts
     (format 2)."""
     canonical = json.dumps({k: v for k, v in fields.items() if k != "sha256"}, sort_keys=True,
@@ -163,13 +219,33 @@ def write_snapshot(path: Path, state: WorkerState, *, boundary: GlobalTime, work
 def read_snapshot(path: Path) -> tuple[SnapshotInfo, WorkerState]:
     """The header and state of the snapshot at ``path``; SnapshotError naming the file and what is wrong with it
     if it is not whole and intact (missing, truncated anywhere, a byte changed anywhere, an unknown format)."""
-    info, state, _encoded = read_snapshot_encoded(path, chunks=False)
-    return info, state
+    info, version, data, start = _verified(path)
+    try:
+        if version < 3:
+            return info, _state_of_chunks(memoryview(data)[start:])
+        return info, {name: [(bucket.h, bucket.key, bucket.entries()) for bucket in buckets]
+                      for name, buckets in _frozen_of_body(data, start, str(path)).items()}
+    except (ValueError, TypeError) as exc:
+        raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
 
 
-def read_snapshot_encoded(path: Path, *, chunks: bool = True) -> tuple[SnapshotInfo, WorkerState, Encoded]:
-    """``read_snapshot``, and its buckets' chunks as written, for ``SnapshotImage.update``'s ``known`` (none with
-    ``chunks=False``: copying them out of the file is work only a taker of the image needs)."""
+def read_snapshot_frozen(path: Path) -> tuple[SnapshotInfo, Frozen]:
+    """``read_snapshot`` with every bucket's entries left encoded, for ``Grouping.restore_lazily``: the file is
+    checked whole, its keys are read, nothing else is decoded.  A file of an older format is decoded and
+    encoded again as format 3 (once, after an upgrade)."""
+    info, version, data, start = _verified(path)
+    try:
+        if version < 3:
+            return info, {name: _frozen(buckets, str(path))
+                          for name, buckets in _state_of_chunks(memoryview(data)[start:]).items()}
+        return info, _frozen_of_body(data, start, str(path))
+    except (ValueError, TypeError) as exc:
+        raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
+
+
+def _verified(path: Path) -> tuple[SnapshotInfo, int, bytes, int]:
+    """The header, format version, bytes and body's offset of the snapshot at ``path``, once it is known whole and
+    intact."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -191,7 +267,7 @@ def read_snapshot_encoded(path: Path, *, chunks: bool = True) -> tuple[SnapshotI
                             body_bytes=int(fields["body_bytes"]), sha256=str(fields["sha256"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotError(f"snapshot {path} has a damaged header: {exc!r}") from exc
-    body = data[header_end + 1:]
+    body = memoryview(data)[header_end + 1:]
     if len(body) < info.body_bytes:
         raise SnapshotError(f"snapshot {path} is truncated: {len(body)} of {info.body_bytes} body bytes")
     if len(body) > info.body_bytes:
@@ -200,9 +276,4 @@ def read_snapshot_encoded(path: Path, *, chunks: bool = True) -> tuple[SnapshotI
     expected = hashlib.sha256(body).hexdigest() if fields["version"] == 1 else _checksum(fields, (body,))
     if expected != info.sha256:
         raise SnapshotError(f"snapshot {path} is corrupted: its checksum does not match")
-    try:
-        decoded: Iterable[tuple[Any, bytes | None]] = (
-            values.decode_chunks(body) if chunks else ((value, None) for value in values.decode_all(body)))
-        return (info, *_state(decoded))
-    except (ValueError, TypeError) as exc:
-        raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
+    return info, int(fields["version"]), data, header_end + 1
