@@ -266,11 +266,11 @@ class Grouping:
         Why: a restarted worker decoded its whole snapshot before it
         processed anything, and the inverted index's grows with the run (81 MB
         and 1.4 s over 5,000 pages: a node's share after 8 minutes at 20
-        pages/s).  Most of it
-        is never needed again, or not soon: the revisions of pages that do
-        not come back, the posting lists of rare words.  Unlike ``restore``,
-        the key is not reported by ``snapshot_changes`` until it changes: the
-        caller's image of the last snapshot already holds it.
+        pages/s).  Most of it is never needed again, or not soon: the
+        revisions of pages that do not come back, the posting lists of rare
+        words.  Unlike ``restore``, the key is not reported by
+        ``snapshot_changes`` until it changes: the caller's image of the last
+        snapshot already holds it.
         """
         self._check_new(key)
         self._frozen[key] = thaw
