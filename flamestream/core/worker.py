@@ -274,21 +274,25 @@ class Worker:
         (deploy refuses to drop it unless asked to).
         """
         for name, keys in state.items():
-            grouping = self._by_name.get(name)
-            if grouping is None:
-                continue
             for h, key, entries in keys:
-                if self.lo <= h <= self.hi:
+                grouping = self._taker(name, h)
+                if grouping is not None:
                     grouping.restore(key, entries)
 
     def restore_lazily(self, name: str, h: int, key: Hashable, thaw: Thaw) -> bool:
         """``restore`` of one bucket whose entries ``thaw`` decodes when first needed (``Grouping.restore_lazily``);
-        whether this worker took it (its range owns ``h`` and its graph has the grouping)."""
-        grouping = self._by_name.get(name)
-        if grouping is None or not self.lo <= h <= self.hi:
+        whether this worker took it."""
+        grouping = self._taker(name, h)
+        if grouping is None:
             return False
         grouping.restore_lazily(key, thaw)
         return True
+
+    def _taker(self, name: str, h: int) -> Grouping | None:
+        """The grouping that takes over a bucket of grouping ``name`` with hash ``h``: None unless this graph has
+        the grouping and this worker's range owns the hash."""
+        grouping = self._by_name.get(name)
+        return grouping if grouping is not None and self.lo <= h <= self.hi else None
 
     def on_min_time(self, min_time: GlobalTime) -> None:
         """The acker's minimal time moved: trim grouping state."""
