@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import re
 import subprocess
@@ -32,6 +31,7 @@ from flamestream.storage.snapshots import read_snapshot
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
 from flamestream.workers.service import MAX_SNAPSHOT_STRIDE
+from tests.disks import tmpfs
 from tests.test_cluster_e2e import Cluster, as_multiset, cli, consume_all, expected_from_input_logs
 from tests.test_handover import flatten
 from tests.test_limits import wordcount as wordcount_graph
@@ -162,29 +162,16 @@ def test_producer_ids_sequences_and_group_names_are_bounded(cluster_dir: Path, z
         assert client.committed("after-bad-names", 0) == 3
 
 
-def _mounted(path: Path) -> bool:
-    return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
-
-
 @contextlib.contextmanager
 def _tmpfs(data: Path, under: str, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` at ``data/under`` for the block (needs root); ``data`` is yielded, and its cluster is
     taken down first if one was started there."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = data / under
-    mount.mkdir(parents=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr}")
-    try:
-        yield data
-    finally:
-        if (data / "cluster.json").exists():
-            cli("down", "--data-dir", str(data))
-        if _mounted(mount):
-            subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(data / under, size):
+        try:
+            yield data
+        finally:
+            if (data / "cluster.json").exists():
+                cli("down", "--data-dir", str(data))
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flamestream.storage.log import START_FILE, LogError, SegmentedLog
+from flamestream.storage.log import START_FILE, LogError, SegmentedLog, _past, disk_full, write_durably
+from tests.disks import tmpfs
 
 
 def records(n: int, size: int = 10) -> list[bytes]:
@@ -576,3 +577,30 @@ def test_scan_backwards_reads_from_the_end_down_to_the_start(tmp_path: Path) -> 
         start = log.start_offset
         assert start > 0
         assert list(log.scan_backwards(chunk=4)) == [(i, records[i]) for i in reversed(range(start, 25))]
+
+
+@given(parts=st.lists(st.binary(max_size=8), max_size=8), data=st.data())
+def test_what_is_left_after_a_short_write_is_exactly_the_bytes_not_written(parts: list[bytes],
+                                                                           data: st.DataObject) -> None:
+    whole = b"".join(parts)
+    count = data.draw(st.integers(0, len(whole) - 1)) if whole else None
+    if count is not None:
+        assert b"".join(_past(parts, count)) == whole[count:]
+
+
+def test_write_durably_writes_its_parts_in_order_across_writev_batches(tmp_path: Path) -> None:
+    parts = [str(i).encode() * (i % 7) for i in range(3000)] + [memoryview(b"tail")]  # three batches, some empty
+    write_durably(tmp_path / "f", *parts)
+    assert (tmp_path / "f").read_bytes() == b"".join(parts)
+
+
+def test_write_durably_onto_a_full_disk_raises_and_keeps_the_old_file(tmp_path: Path) -> None:
+    """A write longer than the disk's room: writev writes what fits (a short write), the next one raises ENOSPC,
+    and the file at the path is still the old one, never a short new one."""
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        write_durably(disk / "snap", b"old")
+        with pytest.raises(OSError) as raised:
+            write_durably(disk / "snap", *[bytes([i]) * 65536 for i in range(40)])
+        assert disk_full(raised.value)
+        assert (disk / "snap").read_bytes() == b"old"
+        assert (disk / "snap.tmp").stat().st_size > 0  # it did write part of it before the disk was full

@@ -217,21 +217,28 @@ def test_a_file_read_frozen_holds_the_same_state_and_its_buckets_write_back_the_
     assert again.read_bytes() == path.read_bytes()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_file_of_an_older_format_still_reads(tmp_path: Path, version: int) -> None:
-    """Formats 1 and 2 held chunks of whole buckets, format 1 checksummed the body only; files written by those
-    builds still load, whole or frozen (a hand-over across an upgrade), and are still refused when their body is
-    damaged."""
+    """Formats 1 and 2 held chunks of whole buckets, format 1 checksummed the body only; format 3 held each
+    grouping's index and then its buckets' entries, checksummed as bytes.  Files written by those builds still
+    load, whole or frozen (a hand-over across an upgrade), and are still refused when their body is damaged."""
     import hashlib
     import json
 
     at, state = handover_state()
     chunks = []
     for name, buckets in state.items():
-        chunks.append(values.encode([name]))  # a grouping, then a chunk of one bucket each
-        for h, key, entries in buckets:
-            encoded = [[gt.ts, gt.front, list(trace), payload] for (gt, trace), payload in entries]
-            chunks.append(values.encode([name, [[h, key, encoded]]]))
+        plain = [[[gt.ts, gt.front, list(trace), payload] for (gt, trace), payload in entries]
+                 for _h, _key, entries in buckets]
+        if version == 3:  # an index, then the entries
+            encoded = [values.encode(entries) for entries in plain]
+            rows = [[h, key, len(entries), len(body)]
+                    for (h, key, entries), body in zip(buckets, encoded, strict=True)]
+            chunks += [values.encode([name, rows]), *encoded]
+        else:  # a grouping, then a chunk of one bucket each
+            chunks.append(values.encode([name]))
+            chunks += [values.encode([name, [[h, key, entries]]])
+                       for (h, key, _entries), entries in zip(buckets, plain, strict=True)]
     body = b"".join(chunks)
     fields: dict[str, Any] = {"version": version, "boundary": list(at), "worker": 0, "tick": 1,
                               "keys": sum(map(len, state.values())),

@@ -144,15 +144,48 @@ def _fsync_dir(directory: Path) -> None:
 def write_durably(path: Path, *parts: bytes | memoryview) -> None:
     """``parts``, one after another, at ``path`` or the old file there, whatever crashes when: a temporary name,
     fsync, rename, then the directory fsynced so the rename itself survives a power cut (snapshots, a front's
-    checkpoint).  In parts, so a snapshot's tens of thousands of chunks are not first copied into one buffer."""
+    checkpoint).  In parts, by ``writev`` (``_write_all``), so a snapshot's tens of thousands of chunks are neither
+    first copied into one buffer nor passed through a file object's 8 KiB buffer: that made an 80 MB snapshot
+    ten thousand writes, 0.10 s of CPU against 0.05 s."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.writelines(parts)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        _write_all(fd, parts)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+IOV_MAX = 1024
+"""Parts per ``writev`` (Linux's limit)."""
+
+
+def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    """``parts`` written to ``fd`` in order, ``IOV_MAX`` at a time.  A short write (a signal, a quota, a disk about
+    to be full) goes on from the byte it stopped at, so a frame or a file is never silently cut: a full disk raises
+    on the next ``writev``."""
+    for first in range(0, len(parts), IOV_MAX):
+        batch = parts[first:first + IOV_MAX]
+        left = sum(map(len, batch))
+        while left:
+            written = os.writev(fd, batch)
+            if not written:
+                raise OSError(errno.EIO, f"writev wrote nothing of {left} bytes")
+            left -= written
+            if left:
+                batch = _past(batch, written)
+
+
+def _past(parts: Sequence[bytes | memoryview], count: int) -> list[bytes | memoryview]:
+    """``parts`` without their first ``count`` bytes (fewer than they hold)."""
+    i = 0
+    while count >= len(parts[i]):
+        count -= len(parts[i])
+        i += 1
+    return [memoryview(parts[i])[count:], *parts[i + 1:]]
 
 
 def _frame(record: bytes) -> bytes:
@@ -208,13 +241,6 @@ def _published(index: bytes, data: bytes) -> tuple[int, int]:
     if size == 0 or end > len(data) or zlib.crc32(memoryview(data)[last + _HEADER.size : end]) != crc:
         return 0, 0
     return trusted, end
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    # os.write may write less than asked (signals, quotas); loop so a frame is never silently cut.
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def disk_full(exc: BaseException | None) -> bool:
@@ -395,10 +421,10 @@ class SegmentedLog:
     def _commit(self, frames: list[bytes], positions: list[int]) -> None:
         if not frames:
             return
-        _write_all(self._log_fd, b"".join(frames))
+        _write_all(self._log_fd, frames)
         if self.fsync:
             os.fsync(self._log_fd)
-        _write_all(self._index_fd, b"".join(_ENTRY.pack(p) for p in positions))
+        _write_all(self._index_fd, [b"".join(_ENTRY.pack(p) for p in positions)])
         self._end += len(frames)
 
     def _roll(self) -> None:

@@ -13,7 +13,11 @@ decoding can build only plain values (nothing read back may run code).
 Since format 3 each grouping is an index of its buckets (hash, key, items,
 size) and then their entries, so a restarted worker reads every key and
 decodes a bucket's entries only when it needs them (``FrozenBucket``);
-formats 1 and 2 hold chunks of whole buckets and are still read.
+formats 1 and 2 hold chunks of whole buckets and are still read.  Since
+format 4 the checksum is the SHA-256 of the header's fields and of each
+part's own SHA-256 (each grouping's index, each bucket's entries), so a
+periodic snapshot hashes only the buckets that changed: hashing the whole
+file took 0.09 s of the 0.21 s a write of an 80 MB index cost, every time.
 
 Layout: ``DIR/snapshots/<boundary ts>-<boundary front>/worker-<i>.snap``.
 """
@@ -35,10 +39,11 @@ from flamestream.core.worker import WorkerState
 from flamestream.storage.log import write_durably
 
 MAGIC = b"flamestream-snapshot\n"
-VERSION = 3
-READABLE = (1, 2, 3)
+VERSION = 4
+READABLE = (1, 2, 3, 4)
 """Format versions this build reads: 1 checksummed the body only, 2 also the header's fields, 3 writes an index of
-each grouping's keys and sizes before their entries (``FrozenBucket``)."""
+each grouping's keys and sizes before their entries (``FrozenBucket``), 4 checksums each part's checksum instead
+of the body's bytes."""
 
 
 class SnapshotError(Exception):
@@ -82,6 +87,8 @@ class FrozenBucket(NamedTuple):
     """Its row of the index: (h, key, items, size).  Kept built: a write lists every bucket's."""
     body: bytes | memoryview
     """Read from a file, a view of the file's bytes: copying them out cost more than finding them."""
+    digest: bytes
+    """SHA-256 of ``body``, computed once: every write's checksum covers it (format 4)."""
     source: str
     """The file it came from, to name in an error."""
 
@@ -118,7 +125,7 @@ def _frozen(buckets: list[tuple[int, Hashable, Entries]], source: str) -> list[F
     and a pickler per value would cost more than most of them)."""
     bodies = values.encode_each([[gt.ts, gt.front, list(trace), payload] for (gt, trace), payload in entries]
                                 for _h, _key, entries in buckets)
-    return [FrozenBucket((h, key, len(entries), len(body)), body, source)
+    return [FrozenBucket((h, key, len(entries), len(body)), body, hashlib.sha256(body).digest(), source)
             for (h, key, entries), body in zip(buckets, bodies, strict=True)]
 
 
@@ -156,17 +163,21 @@ class SnapshotImage:
     def write(self, path: Path, *, boundary: GlobalTime, worker: int, tick: int) -> SnapshotInfo:
         """Write the image durably and atomically to ``path``; returns its header."""
         parts: list[bytes | memoryview] = []
+        digests: list[bytes] = []
         keys = items = 0
         for name, image in self._groupings.items():
-            parts.append(values.encode([name, [bucket.row for bucket in image.values()]]))
+            index = values.encode([name, [bucket.row for bucket in image.values()]])
+            parts.append(index)
+            digests.append(hashlib.sha256(index).digest())
             keys += len(image)
             for bucket in image.values():
                 parts.append(bucket.body)
+                digests.append(bucket.digest)
                 items += bucket.items
         body_bytes = sum(map(len, parts))
         fields: dict[str, Any] = {"version": VERSION, "boundary": list(boundary), "worker": worker, "tick": tick,
                                   "keys": keys, "items": items, "body_bytes": body_bytes}
-        fields["sha256"] = _checksum(fields, parts)
+        fields["sha256"] = _checksum(fields, digests)
         write_durably(path, MAGIC + json.dumps(fields).encode() + b"\n", *parts)
         return SnapshotInfo(boundary=boundary, worker=worker, tick=tick, keys=keys, items=items,
                             body_bytes=body_bytes, sha256=fields["sha256"])
@@ -183,10 +194,12 @@ def _state_of_chunks(body: memoryview) -> WorkerState:
     return state
 
 
-def _frozen_of_body(data: bytes, start: int, source: str) -> Frozen:
-    """The buckets of a format 3 body, ``data`` from ``start`` on, their entries left encoded: each grouping is an
-    index ``[name, [[h, key, items, size], ...]]`` and then its buckets' entries, ``size`` bytes each."""
+def _frozen_of_body(data: bytes, start: int, source: str) -> tuple[Frozen, list[bytes]]:
+    """The buckets of a format 3 or 4 body, ``data`` from ``start`` on, their entries left encoded: each grouping is
+    an index ``[name, [[h, key, items, size], ...]]`` and then its buckets' entries, ``size`` bytes each.  Also the
+    SHA-256 of each part, in order: format 4's checksum covers them (``_checksum``)."""
     frozen: Frozen = {}
+    digests: list[bytes] = []
     view = memoryview(data)
     stream = io.BytesIO(data)  # shares the bytes, as the views do
     stream.seek(start)
@@ -196,19 +209,22 @@ def _frozen_of_body(data: bytes, start: int, source: str) -> Frozen:
             raise ValueError(f"byte {at - start}: not a grouping's index")
         mine = frozen.setdefault(str(index[0]), [])
         offset = stream.tell()
+        digests.append(hashlib.sha256(view[at:offset]).digest())
         for h, key, items, size in index[1]:
             end = offset + int(size)
             if not offset <= end <= len(data) or int(items) < 0:
                 raise ValueError(f"byte {at - start}: a bucket of {size} bytes and {items} items")
-            mine.append(FrozenBucket((int(h), key, int(items), int(size)), view[offset:end], source))
+            body = view[offset:end]
+            digests.append(hashlib.sha256(body).digest())
+            mine.append(FrozenBucket((int(h), key, int(items), int(size)), body, digests[-1], source))
             offset = end
         stream.seek(offset)
-    return frozen
+    return frozen, digests
 
 
 def _checksum(fields: dict[str, Any], body: Iterable[bytes | memoryview]) -> str:
-    """SHA-256 of the header's fields (all but the checksum, in a canonical form) and the body, given in parts
-    (format 2)."""
+    """SHA-256 of the header's fields (all but the checksum, in a canonical form) and then ``body``: the body's
+    bytes in formats 2 and 3, each part's SHA-256 in format 4."""
     canonical = json.dumps({k: v for k, v in fields.items() if k != "sha256"}, sort_keys=True,
                            separators=(",", ":")).encode()
     digest = hashlib.sha256(canonical + b"\n")
@@ -227,33 +243,41 @@ def write_snapshot(path: Path, state: WorkerState, *, boundary: GlobalTime, work
 def read_snapshot(path: Path) -> tuple[SnapshotInfo, WorkerState]:
     """The header and state of the snapshot at ``path``; SnapshotError naming the file and what is wrong with it
     if it is not whole and intact (missing, truncated anywhere, a byte changed anywhere, an unknown format)."""
-    info, version, data, start = _verified(path)
-    try:
-        if version < 3:
-            return info, _state_of_chunks(memoryview(data)[start:])
-        return info, {name: [(bucket.h, bucket.key, bucket.entries()) for bucket in buckets]
-                      for name, buckets in _frozen_of_body(data, start, str(path)).items()}
-    except (ValueError, TypeError) as exc:
-        raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
+    info, frozen = read_snapshot_frozen(path)
+    return info, {name: [(bucket.h, bucket.key, bucket.entries()) for bucket in buckets]
+                  for name, buckets in frozen.items()}
 
 
 def read_snapshot_frozen(path: Path) -> tuple[SnapshotInfo, Frozen]:
     """``read_snapshot`` with every bucket's entries left encoded, for ``Grouping.restore_lazily``: the file is
-    checked whole, its keys are read, nothing else is decoded.  A file of an older format is decoded and
-    encoded again as format 3 (once, after an upgrade)."""
-    info, version, data, start = _verified(path)
+    checked whole, its keys are read, nothing else is decoded.  A file of format 1 or 2 is decoded and encoded
+    again as format 3 and 4 hold it (once, after an upgrade)."""
+    info, fields, data, start = _opened(path)
+    version = int(fields["version"])
+    body = memoryview(data)[start:]
+    if version < 4:  # the checksum covers the body's bytes as they are
+        _checked(path, info, hashlib.sha256(body).hexdigest() if version == 1 else _checksum(fields, (body,)))
     try:
         if version < 3:
-            return info, {name: _frozen(buckets, str(path))
-                          for name, buckets in _state_of_chunks(memoryview(data)[start:]).items()}
-        return info, _frozen_of_body(data, start, str(path))
+            return info, {name: _frozen(buckets, str(path)) for name, buckets in _state_of_chunks(body).items()}
+        frozen, digests = _frozen_of_body(data, start, str(path))
     except (ValueError, TypeError) as exc:
-        raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
+        if version < 4:
+            raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
+        raise SnapshotError(f"snapshot {path} is corrupted: its body does not parse ({exc})") from exc
+    if version == 4:
+        _checked(path, info, _checksum(fields, digests))
+    return info, frozen
 
 
-def _verified(path: Path) -> tuple[SnapshotInfo, int, bytes, int]:
-    """The header, format version, bytes and body's offset of the snapshot at ``path``, once it is known whole and
-    intact."""
+def _checked(path: Path, info: SnapshotInfo, expected: str) -> None:
+    if expected != info.sha256:
+        raise SnapshotError(f"snapshot {path} is corrupted: its checksum does not match")
+
+
+def _opened(path: Path) -> tuple[SnapshotInfo, dict[str, Any], bytes, int]:
+    """The header, its fields, the file's bytes and the body's offset of the snapshot at ``path``, once its magic,
+    header and size are right (the checksum is the reader's to check: what it covers depends on the format)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -275,13 +299,10 @@ def _verified(path: Path) -> tuple[SnapshotInfo, int, bytes, int]:
                             body_bytes=int(fields["body_bytes"]), sha256=str(fields["sha256"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotError(f"snapshot {path} has a damaged header: {exc!r}") from exc
-    body = memoryview(data)[header_end + 1:]
-    if len(body) < info.body_bytes:
-        raise SnapshotError(f"snapshot {path} is truncated: {len(body)} of {info.body_bytes} body bytes")
-    if len(body) > info.body_bytes:
-        raise SnapshotError(f"snapshot {path} is corrupted: {len(body) - info.body_bytes} bytes after its "
+    body = len(data) - header_end - 1
+    if body < info.body_bytes:
+        raise SnapshotError(f"snapshot {path} is truncated: {body} of {info.body_bytes} body bytes")
+    if body > info.body_bytes:
+        raise SnapshotError(f"snapshot {path} is corrupted: {body - info.body_bytes} bytes after its "
                             f"{info.body_bytes}-byte body")
-    expected = hashlib.sha256(body).hexdigest() if fields["version"] == 1 else _checksum(fields, (body,))
-    if expected != info.sha256:
-        raise SnapshotError(f"snapshot {path} is corrupted: its checksum does not match")
-    return info, int(fields["version"]), data, header_end + 1
+    return info, fields, data, header_end + 1
