@@ -47,6 +47,14 @@ def _count(low: int, what: str) -> Callable[[str], int]:
     return parse
 
 
+def _stride(text: str) -> int:
+    """An argparse type for a snapshot stride: a power of two from 1 to 64 (so the strides of workers meet)."""
+    value = _count(1, "--snapshot-max-stride")(text)
+    if value > 64 or value & (value - 1):
+        raise argparse.ArgumentTypeError(f"--snapshot-max-stride must be a power of two from 1 to 64, got {value}")
+    return value
+
+
 def _share(text: str) -> float:
     """An argparse type for a share of the CPU: a number above 0, at most 1."""
     try:
@@ -92,8 +100,12 @@ def add_role_arguments(parser: argparse.ArgumentParser) -> None:
                         help="complete snapshots kept; older ones are deleted (default 2)")
     worker.add_argument("--snapshot-cpu-share", type=_share, default=SNAPSHOT_CPU_SHARE, metavar="SHARE",
                         help="a worker whose last periodic snapshot took more CPU than this share of the interval "
-                             f"skips boundaries, up to {MAX_SNAPSHOT_STRIDE - 1} in a row (default "
+                             "skips boundaries, up to --snapshot-max-stride - 1 in a row (default "
                              f"{SNAPSHOT_CPU_SHARE:g})")
+    worker.add_argument("--snapshot-max-stride", type=_stride, default=MAX_SNAPSHOT_STRIDE, metavar="N",
+                        help="take a periodic snapshot at least below every N-th boundary, whatever it costs: a "
+                             "recovery re-sends the input since the last complete one; a power of two, higher "
+                             f"saves CPU, lower shortens recoveries (default {MAX_SNAPSHOT_STRIDE})")
     worker.add_argument("--memory-budget-mb", type=_count(0, "--memory-budget-mb"), default=0, metavar="MB",
                         help="while the process is resident above this, the fronts admit nothing (pushes wait, then "
                              "get RESOURCE_EXHAUSTED naming the worker) until it is back under 90%% of it; 0 = no "
@@ -167,6 +179,7 @@ async def serve(args: argparse.Namespace) -> int:
                                 linger_ms=args.linger_ms, snapshot_interval_ms=args.snapshot_interval_ms,
                                 snapshot_retention=args.snapshot_retention,
                                 snapshot_cpu_share=args.snapshot_cpu_share,
+                                snapshot_max_stride=args.snapshot_max_stride,
                                 memory_budget_mb=args.memory_budget_mb))
     if args.front is not None:
         roles.append(await FrontRole.open(args.front, args.data_dir, local, store,

@@ -372,32 +372,39 @@ def test_a_worker_over_its_memory_budget_pauses_admission_naming_it(tmp_path: Pa
         assert health(str(front["address"]), "front0") == "SERVING"
 
 
+@pytest.mark.parametrize("cap", [None, 8])
 def test_a_worker_whose_snapshots_cost_too_much_cpu_takes_them_at_fewer_boundaries(
-        tmp_path: Path, zookeeper: str, cluster_name: str) -> None:
+        tmp_path: Path, zookeeper: str, cluster_name: str, cap: int | None) -> None:
     """``--snapshot-cpu-share`` so small that any snapshot costs more: after its first snapshot the worker takes
-    them only below every ``MAX_SNAPSHOT_STRIDE``-th boundary, so the complete snapshots are that far apart (at
-    every boundary, 20 ms, the two newest would be 20 ms apart), and each still holds exactly the oracle's
-    state below it."""
+    them only below every ``--snapshot-max-stride``-th boundary (``MAX_SNAPSHOT_STRIDE`` unless given), so the
+    complete snapshots are that far apart (at every boundary, 20 ms, the two newest would be 20 ms apart), and
+    each still holds exactly the oracle's state below it."""
     data = tmp_path / "node"
     interval = 20
+    stride = cap or MAX_SNAPSHOT_STRIDE
+    given = ["--snapshot-max-stride", str(cap)] if cap else []
     with _nodes(zookeeper, cluster_name, ["--acker", "--front", "0", "--barrier", "0", "--worker", "0",
                                           "--data-dir", str(data), "--snapshot-interval-ms", str(interval),
-                                          "--snapshot-cpu-share", "1e-9"]), \
+                                          "--snapshot-cpu-share", "1e-9", *given]), \
             Client(zookeeper, cluster_name) as client, ClusterStore(zookeeper, cluster=cluster_name) as store:
         client.deploy(wordcount.graph())
         tick = store.ticks()[-1][0]
         pushed = 0
+        seen: set[str] = set()
 
         def two_strided() -> list[str]:
             nonlocal pushed
             client.push([f"w{pushed % 7} x {pushed}"], producer="stride")  # the min time moves with input
             pushed += 1
             complete = store.complete_snapshots(tick, 1)
-            return complete if len(complete) == 2 and all(boundary_of(b).ts // interval % MAX_SNAPSHOT_STRIDE == 0
+            seen.update(complete)
+            return complete if len(complete) == 2 and all(boundary_of(b).ts // interval % stride == 0
                                                            for b in complete) else []
 
         older, newer = eventually(two_strided, "two complete snapshots on the stride")
-        assert boundary_of(newer).ts - boundary_of(older).ts >= interval * MAX_SNAPSHOT_STRIDE
+        assert boundary_of(newer).ts - boundary_of(older).ts >= interval * stride
+        off = sorted(b for b in seen if boundary_of(b).ts // interval % stride)
+        assert len(off) <= 1, f"snapshots off the stride after the first: {off}"  # the first, before its cost
         for boundary in (older, newer):
             _info, state = read_snapshot(data / "snapshots" / boundary / "worker-0.snap")
             assert flatten(state) == oracle_state(wordcount.graph(), read_input_logs(data), boundary_of(boundary))

@@ -307,14 +307,17 @@ def test_a_value_past_the_fast_limit_is_written_again_with_the_memo_and_the_next
 
 def test_the_snapshot_stride_keeps_snapshots_within_their_cpu_share() -> None:
     """The smallest power of two of intervals whose share covers the last snapshot's CPU, capped: strides that
-    differ between workers still meet (every multiple of 4 is one of 2), and a recovery never replays more than
+    differ between workers still meet (every even boundary is a boundary), and a recovery never replays more than
     ``MAX_SNAPSHOT_STRIDE`` intervals past the last complete snapshot."""
-    assert MAX_SNAPSHOT_STRIDE == 4
-    assert [snapshot_stride(cpu, 1.0, 0.1, 1) for cpu in (0.0, 0.1, 0.10001, 0.2, 0.3, 0.8, 5.0)] == \
-        [1, 1, 2, 2, 4, 4, 4]
+    assert MAX_SNAPSHOT_STRIDE == 2
+    assert [snapshot_stride(cpu, 1.0, 0.1, 1) for cpu in (0.0, 0.1, 0.10001, 0.2, 0.3, 5.0)] == [1, 1, 2, 2, 2, 2]
     assert snapshot_stride(0.3, 0.5, 0.5, 1) == 2  # the interval and the share count alike
+    assert snapshot_stride(0.3, 1.0, 0.5, 1) == 1
     # Lowered only where twice the cost fits, so a cost near a step does not flip the stride at every snapshot.
-    assert [snapshot_stride(cpu, 1.0, 0.1, 4) for cpu in (0.39, 0.15, 0.09, 0.04, 0.0)] == [4, 4, 2, 1, 1]
+    assert [snapshot_stride(cpu, 1.0, 0.1, 2) for cpu in (0.39, 0.09, 0.05, 0.04, 0.0)] == [2, 2, 1, 1, 1]
+    # ``--snapshot-max-stride`` 4: a cheaper cap for a cluster that values steady latency over recovery time.
+    assert [snapshot_stride(cpu, 1.0, 0.1, 1, 4) for cpu in (0.1, 0.2, 0.3, 5.0)] == [1, 2, 4, 4]
+    assert [snapshot_stride(cpu, 1.0, 0.1, 4, 4) for cpu in (0.39, 0.15, 0.09, 0.04)] == [4, 4, 2, 1]
 
 
 @settings(max_examples=100, deadline=None)
