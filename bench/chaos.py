@@ -20,6 +20,7 @@ inverted index's final index equals the oracle's.
 Prints JSON: the faults (what, when, recovery), recovery times p50/max, the
 longest output stall, the records checked, lost and duplicated, and the
 latency (scheduled push -> done) of events away from faults and near them.
+Each event's latency goes to ``latencies.json`` in the work directory.
 
 A kill's recovery time runs from the kill to the first consumed record of an
 event stamped after the kill: only the recovered cluster can have released
@@ -327,6 +328,7 @@ def run(*, workload_name: str = "wordcount", duration: float = 300.0, interval: 
             stream.give_up.set()
             threads[1].join(RECOVERY_TIMEOUT)
         report = _report(stream, faults, pushed_until)
+        _write_latencies(work / "latencies.json", stream)
         report.update(check(data, stream, load.graph()),
                       restarts={p["name"]: p["restarts"] for p in _state(data)["processes"] if p["role"] == "node"},
                       workload=workload_name, placement=placement, nodes=nodes, rate=stream.rate,
@@ -334,6 +336,14 @@ def run(*, workload_name: str = "wordcount", duration: float = 300.0, interval: 
         return report
     finally:
         cli("down", "--data-dir", str(data))
+
+
+def _write_latencies(path: Path, stream: Stream) -> None:
+    """Each done event's (scheduled s, latency ms), in push order: to see where a run's tail lies in time
+    (the report's percentiles cannot say whether slow events cluster after the faults or spread over the run)."""
+    rows = [[round(t, 3), round((stream.done[e] - t) * 1000, 1)] for e, t in stream.scheduled.items()
+            if e in stream.done]
+    path.write_text(json.dumps(rows))
 
 
 def _report(stream: Stream, faults: list[Fault], pushed_until: float) -> dict[str, Any]:

@@ -236,10 +236,34 @@ class _Backoff:
 HANDOVER_ATTEMPTS = 20
 HANDOVER_LEAD_MS = 200
 """A hand-over tick starts at least this far past now and past every front's stamping lease."""
+FENCE_LEAD_MS = 400
+"""How far past now a hand-over's fence lets the fronts stamp: about a lease renewal and its round trips, so a front
+that sees the fence in time does not stop stamping at all before the tick is published."""
+FENCE_WAIT = 8.0
+"""Seconds a hand-over waits for the fronts to cut their leases to its fence, at most: longer than a lease
+(``flamestream.fronts.lease.LEASE_MS``), so by then a front that never saw the fence has run out of lease."""
+FENCE_POLL = 0.02
+"""Seconds between looks at the leases while a fence is up."""
 
 
 def _publish_handover(store: ClusterStore, tick: Tick) -> int:
-    """Publish ``tick`` starting past every lease, retrying when a front renews its lease meanwhile."""
+    """Publish ``tick`` starting past every lease, retrying when a front renews its lease meanwhile; a fence cuts
+    the leases first (``ClusterStore.fence``), so the tick starts within a fraction of a second."""
+    assert tick.previous is not None
+    until = time.time_ns() // 1_000_000 + FENCE_LEAD_MS
+    fence = store.fence(tick.previous, until)
+    try:
+        deadline = time.monotonic() + FENCE_WAIT
+        # A front has cut its lease once the lease is at the fence, or at its clock when it saw the fence late.
+        while (time.monotonic() < deadline and
+               any(lease > max(until, time.time_ns() // 1_000_000) for lease, _ in store.leases().values())):
+            time.sleep(FENCE_POLL)
+        return _publish_past_leases(store, tick)
+    finally:
+        store.unfence(fence)
+
+
+def _publish_past_leases(store: ClusterStore, tick: Tick) -> int:
     for _ in range(HANDOVER_ATTEMPTS):
         leases = store.leases()
         start = max([time.time_ns() // 1_000_000, *(until for until, _ in leases.values())]) + HANDOVER_LEAD_MS

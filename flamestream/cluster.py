@@ -6,6 +6,8 @@ Layout under ``<root>/<cluster>/``::
     ticks/<n>                          JSON tick, n = 0000000000, 0000000001, ...
     ticks/<n>/snapshots/<b>/worker<i>  worker i of tick n wrote its snapshot below boundary b (file, checksum)
     leases/front<f>                    ephemeral: front f stamps nothing at or after {"until": ts} unrenewed
+    fences/fence-<seq>                 ephemeral: a hand-over being published asks the fronts to stamp nothing at
+                                       or after {"until": ts} before they know a tick above {"after": n}
     load/worker<i>                     ephemeral: items worker i processed per hash bucket (for rebalancing)
     offsets/<group>/<topic>/<partition>  committed offset as a decimal number
 
@@ -434,6 +436,30 @@ class ClusterStore:
         """Front -> (lease end in ms, node version) of every live front."""
         return {int(name.removeprefix("front")): (int(info["until"]), version)
                 for name, (info, version) in self._read_children(f"{self.base}/leases").items()}
+
+    def fence(self, after_tick: int, until_ts: int) -> str:
+        """Ask every front to cut its stamping lease back to ``until_ts`` (or to its clock, if that is later)
+        until it knows a tick numbered above ``after_tick``; returns the fence's path, for ``unfence``.
+
+        Why: a lease reaches seconds ahead so that a front rides out a ZooKeeper
+        pause (``flamestream.fronts.lease``), and a hand-over tick must start
+        past every lease; a fence lets it start within a fraction of a second
+        instead.  Ephemeral: a publisher that dies lifts its fence with its
+        session, and a front ignores a fence once it knows a newer tick.
+        """
+        data = _encode({"after": _check_count("tick", after_tick), "until": _check_count("until", until_ts)})
+        path: str = self._zk.create(f"{self.base}/fences/fence-", data, ephemeral=True, sequence=True,
+                                    makepath=True)
+        return path
+
+    def unfence(self, path: str) -> None:
+        with contextlib.suppress(NoNodeError):
+            self._zk.delete(path)
+
+    def fences(self) -> list[tuple[int, int]]:
+        """(after tick, until ts) of every fence up (see ``fence``)."""
+        return [(int(info["after"]), int(info["until"]))
+                for info, _version in self._read_children(f"{self.base}/fences").values()]
 
     # -- load statistics -----------------------------------------------------
 

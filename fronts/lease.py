@@ -11,6 +11,19 @@ transaction that fails if any lease moved meanwhile.  Either the tick was
 published before a renewal — and the front reads it before stamping past the
 old bound — or the renewal came first and the publication is retried with a
 later start.
+
+A lease reaches ``LEASE_MS`` ahead so that the stream does not stop while
+ZooKeeper is away for a few seconds (a pause, a leader election): at 1 s, a
+5-second ZooKeeper pause held every push for 4 s, and the queue that built up
+took as long again to drain.  A hand-over cannot wait that long for the leases
+to run out, so its publisher first raises a fence (``ClusterStore.fence``):
+every front cuts its lease back to the fence's time at its next renewal and
+stops extending it until it knows a newer tick; the publisher waits for that
+and starts the tick just past it.  The cut is made in memory, under the
+front's lock (so no push between its lease check and its stamp sees it
+change), before ZooKeeper hears of it: a lease in ZooKeeper is never below
+what the front may stamp.  A front that ZooKeeper cannot reach does not see
+the fence; the publisher then waits its lease out, as before.
 """
 
 from __future__ import annotations
@@ -22,15 +35,17 @@ from flamestream.cluster import ClusterStore
 from flamestream.core.tick import Tick
 from flamestream.runtime.logs import role_logger
 
-LEASE_MS = 1000
-"""How far ahead of the clock a front may stamp on one renewal."""
+LEASE_MS = 6000
+"""How far ahead of the clock a front may stamp on one renewal: the ZooKeeper outage it rides out.  It must stay
+well below the session timeout (``ClusterStore``'s 10 s): a front cut off from ZooKeeper loses its ephemeral lease
+when its session expires, and by then the lease must have run out."""
 RENEW_EVERY = 0.25
-"""Seconds between renewals: a lease never runs out while ZooKeeper answers."""
+"""Seconds between renewals: a lease never runs out while ZooKeeper answers, and a fence is seen this soon."""
 
 
 class StampingLease:
     def __init__(self, store: ClusterStore, front: int, clock: Callable[[], int], known: Callable[[], int],
-                 take: Callable[[Tick], Awaitable[None]]) -> None:
+                 take: Callable[[Tick], Awaitable[None]], lock: asyncio.Lock) -> None:
         self.store = store
         self.front = front
         self.clock = clock
@@ -39,8 +54,12 @@ class StampingLease:
         """The newest tick number the front has taken."""
         self.take = take
         """Applies a tick the front has not seen yet."""
+        self.lock = lock
+        """The front's push lock: held from a push's lease check to its stamps."""
         self.until = 0
         """Stamps must stay below this timestamp."""
+        self._written = -1
+        """The lease last written to ZooKeeper."""
         self.log = role_logger(f"front{front}")
         self._renewed = asyncio.Event()
 
@@ -53,8 +72,17 @@ class StampingLease:
             await asyncio.sleep(RENEW_EVERY)
 
     async def _renew(self) -> None:
-        until = self.clock() + LEASE_MS
-        await asyncio.to_thread(self.store.renew_lease, self.front, until)
+        known = self.known()
+        fenced = [until for after, until in await asyncio.to_thread(self.store.fences) if after >= known]
+        if fenced:
+            async with self.lock:  # cut in memory first, so ZooKeeper's lease stays >= it; and cut once: the
+                # cut lease stays put while the fence is up (a moved lease would fail the fencer's publication)
+                until = self.until = min(self.until, max(min(fenced), self.clock()))
+        else:
+            until = self.clock() + LEASE_MS
+        if until != self._written:
+            await asyncio.to_thread(self.store.renew_lease, self.front, until)
+            self._written = until
         for number, data in await asyncio.to_thread(self.store.ticks, self.known()):
             await self.take(Tick.from_dict({**data, "number": number}))
         self.until = until

@@ -285,12 +285,12 @@ class FrontService(rpc.FrontServicer):
         """The tick the stamps left while its recovery still caught up: it sends the rest, then closes."""
         self._known = -1
         """The newest tick number taken (ticks arrive from the node and from the lease's reads)."""
-        self.lease = (StampingLease(store, front_id, lambda: self._clock.next_ts(_now_ms()), lambda: self._known,
-                                    self.deploy) if store is not None else None)
-        self._refusal = NO_GRAPH
-        """What a push hears while there is no route: its status code and why."""
         self._lock = asyncio.Lock()
         """Orders pushes and reports: a report is written after the acks of everything stamped before it."""
+        self.lease = (StampingLease(store, front_id, lambda: self._clock.next_ts(_now_ms()), lambda: self._known,
+                                    self.deploy, self._lock) if store is not None else None)
+        self._refusal = NO_GRAPH
+        """What a push hears while there is no route: its status code and why."""
         self._reports: asyncio.Task[None] | None = None
         self._supervisor: Supervisor | None = None
         self._report_owed = False

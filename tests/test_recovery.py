@@ -231,8 +231,9 @@ def test_second_kill_while_recovering(cluster_dir: Path, zookeeper: str, cluster
 
 def test_zookeeper_stopped_for_5_s_mid_stream_loses_and_duplicates_nothing(tmp_path: Path, cluster_dir: Path,
                                                                          cluster_name: str) -> None:
-    """Shorter than the session timeout: no session expires, the stream needs ZooKeeper only for the fronts'
-    stamping leases (pushes wait, the SDK retries), and everything goes on once it is back."""
+    """Shorter than the session timeout: no session expires, and shorter than the fronts' stamping leases
+    (``fronts/lease.py``), the only thing the stream needs ZooKeeper for: pushes go on meanwhile (at 1 s, the
+    lease's old reach, they waited for ZooKeeper), and nothing is lost or twice."""
     server = ZooKeeperServer(tmp_path / "zookeeper")
     server.start()
     try:
@@ -247,8 +248,12 @@ def test_zookeeper_stopped_for_5_s_mid_stream_loses_and_duplicates_nothing(tmp_p
         eventually(lambda: pusher.pushed >= 100, "a running stream")
         assert server.pid is not None
         os.killpg(server.pid, signal.SIGSTOP)
-        time.sleep(5)
+        time.sleep(2)  # past a 1 s lease
+        stopped = pusher.pushed
+        time.sleep(3)
+        during = pusher.pushed - stopped
         os.killpg(server.pid, signal.SIGCONT)
+        assert during >= 30, f"{during} events pushed in the last 3 s of the pause"  # ~200 when not held
         resumed = pusher.pushed
         eventually(lambda: pusher.pushed >= resumed + 100 or pusher.error is not None, "pushes after ZooKeeper")
         pusher.stop.set()
