@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator
+from typing import Literal
 
 import pytest
 
@@ -32,6 +33,18 @@ def store(zookeeper: str, cluster_name: str) -> Iterator[ClusterStore]:
         yield opened
 
 
+class WatchedLock(asyncio.Lock):
+    """The push lock, saying when someone asks for it (a positive signal to wait for instead of a sleep)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+
+    async def acquire(self) -> Literal[True]:
+        self.asked.set()
+        return await super().acquire()
+
+
 class Front:
     """What a front gives its lease: a clock, the newest tick taken, the tick taker and the push lock."""
 
@@ -39,7 +52,7 @@ class Front:
         self.now = CLOCK
         self.known = -1
         self.taken: list[int] = []
-        self.lock = asyncio.Lock()
+        self.lock = WatchedLock()
         self.lease = StampingLease(store, 0, lambda: self.now, lambda: self.known, self.take, self.lock)
 
     async def take(self, tick: Tick) -> None:
@@ -98,8 +111,10 @@ def test_the_cut_waits_for_the_push_holding_the_front_lock(store: ClusterStore) 
     async def scenario() -> None:
         front = await _fenced(store)
         async with front.lock:  # a push between its lease check and its stamps
+            front.lock.asked.clear()
             renewal = asyncio.create_task(front.lease._renew())
-            await asyncio.sleep(0.5)  # the fences are read in a thread: time enough to reach the lock
+            await asyncio.wait_for(front.lock.asked.wait(), 10)  # the renewal read the fence and wants the lock
+            await asyncio.sleep(0)
             assert not renewal.done()
             assert front.lease.until == CLOCK + LEASE_MS
         await renewal
