@@ -51,12 +51,10 @@ class Front:
     def __init__(self, store: ClusterStore) -> None:
         self.now = CLOCK
         self.known = -1
-        self.taken: list[int] = []
         self.lock = WatchedLock()
         self.lease = StampingLease(store, 0, lambda: self.now, lambda: self.known, self.take, self.lock)
 
     async def take(self, tick: Tick) -> None:
-        self.taken.append(tick.number)
         self.known = tick.number
 
 
@@ -158,3 +156,9 @@ def test_a_handover_waits_out_the_lease_of_a_front_that_does_not_see_the_fence(
     sdk._publish_handover(store, dataclasses.replace(_tick(0), previous=0))
     assert store.ticks(0)[0][1]["start"][0] > held
     assert store.fences() == []
+
+
+def test_a_handover_waits_for_fences_longer_than_a_lease_reaches() -> None:
+    """The SDK cannot import the front's ``LEASE_MS``: this keeps its ``FENCE_WAIT`` past it, so a front that
+    never saw the fence has run out of lease by the time the publisher stops waiting."""
+    assert sdk.FENCE_WAIT * 1000 > LEASE_MS
