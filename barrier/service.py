@@ -42,6 +42,7 @@ from flamestream.core.limits import group_fault
 from flamestream.core.meta import GlobalTime
 from flamestream.core.tick import Tick
 from flamestream.runtime import hosting
+from flamestream.runtime.appends import Appends
 from flamestream.runtime.channels import Channels, LocalEndpoints
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
@@ -77,6 +78,7 @@ class _Partition:
         self.closing = False
         """The barrier is stopping: an append waiting for disk space gives up (see ``append``)."""
         self.log = SegmentedLog(directory)
+        self._appends = Appends(self.logger, f"topic partition {number}")
         self.end = self.log.end_offset
         """Offset after the last record appended and fsynced, as known on the event loop."""
         self._new_buffer: type[BarrierBuffer | ArrivalBuffer] = ArrivalBuffer if on_arrival else BarrierBuffer
@@ -121,7 +123,7 @@ class _Partition:
         paused = False
         while records:
             try:
-                await asyncio.to_thread(self.log.append_many, records)  # fsyncs: keep it off the loop
+                await self._appends.run(self.log.append_many, records)
                 self._appended(records)
                 records = []
             except Exception as exc:

@@ -50,7 +50,7 @@ def test_report_never_below_last_stamp_and_never_decreases() -> None:
     assert c.stamp(85) == (GlobalTime(90, 0), (0,))
 
 
-ops = st.lists(st.tuples(st.sampled_from(["stamp", "report"]), st.integers(0, 30)), max_size=60)
+ops = st.lists(st.tuples(st.sampled_from(["stamp", "report", "report past"]), st.integers(0, 30)), max_size=60)
 
 
 @given(ops)
@@ -59,6 +59,13 @@ def test_stamps_strictly_increase_and_keep_promises(sequence: list[tuple[str, in
     last: tuple[int, int] | None = None
     promise = -1
     for op, now in sequence:
+        if op == "report past":
+            made = c.report_past_stamps(now, bound=25)
+            if made is not None:
+                assert made >= promise and made <= 25
+                assert last is None or made > last[0], "it covers every stamp so far"
+                promise = made
+            continue
         if op == "report":
             p = c.report(now)
             assert p >= promise
@@ -137,3 +144,18 @@ def test_covered_once_a_promise_passes_everything_stamped() -> None:
     assert not c.covered()
     c.report(13)
     assert c.covered()
+
+
+def test_a_report_past_the_stamps_covers_them_at_once_and_runs_the_clock_at_most_a_millisecond_ahead() -> None:
+    c = FrontClock(0)
+    c.stamp(12)
+    assert c.report(12) == 12 and not c.covered()  # the clock's time does not pass a stamp of its millisecond
+    assert c.report_past_stamps(12, bound=1000) == 13
+    assert c.covered()
+    assert c.stamp(12) == (GlobalTime(13, 0), (0,))  # a later stamp of millisecond 12 takes the next
+    assert c.report_past_stamps(12, bound=1000) is None, "a promise of 14 at 12 would run the clock 2 ms ahead"
+    assert not c.covered()
+    assert c.report_past_stamps(13, bound=1000) == 14
+    c.stamp(20)
+    assert c.report_past_stamps(20, bound=20) is None, "never past the bound the front may promise"
+    assert c.stamp(20) == (GlobalTime(20, 0), (1,)), "a refused promise leaves the clock as it was"

@@ -41,6 +41,23 @@ class FrontClock:
         self._promised = max(self._promised, now_ms, self._ts)
         return self._promised
 
+    def report_past_stamps(self, now_ms: int, bound: int) -> int | None:
+        """A promise past every stamp so far, made at once (None if it cannot be).
+
+        ``report`` promises the clock's time, which passes a stamp only once
+        its millisecond is over; this one promises the millisecond after the
+        last stamp, so a stamp made now is covered without waiting for the
+        next one.  Later stamps of this millisecond then take the next: the
+        clock may run one millisecond ahead of ``now_ms``, never more (None
+        where it would), and never past ``bound``, the highest time the front
+        may promise.
+        """
+        ts = max(self._promised, now_ms, self._ts + 1)
+        if ts > now_ms + 1 or ts > bound:
+            return None
+        self._promised = ts
+        return ts
+
 
 Stamped = tuple[int, GlobalTime, Trace, object]
 """(front id, global time, initial trace, payload)."""

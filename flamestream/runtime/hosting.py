@@ -24,9 +24,10 @@ from flamestream.runtime.heap import tune_gc
 SWITCH_INTERVAL = 0.001
 """Seconds a thread may keep the GIL while another waits for it (``sys.setswitchinterval``; CPython's default 0.005).
 
-Why shorter: a node's disk writes run in threads (the input log's and the
-topic's appends with their fsyncs, snapshot files), and each needs the GIL
-back once its syscall returns.  While the event loop was busy, that took up
+Why shorter: a node's disk writes run in threads (snapshot files; the input
+log's and the topic's appends with their fsyncs did until they moved onto the
+loop while the disk is fast, ``flamestream.runtime.appends``), and each needs
+the GIL back once its syscall returns.  While the event loop was busy, that took up
 to the whole interval, on every record's path (input log, then topic).
 Interleaved 20-30 s benches on this 2-core machine, default against 1 ms:
 inverted index at 20 pages/s p50 68 / 72 -> 49 / 46 ms and 99 / 90 / 95 ->

@@ -1,0 +1,94 @@
+"""Where a durable append runs (``flamestream.runtime.appends``): on the event loop while appends are fast, in a
+thread once their moving average is slow, back on the loop when a later probe is fast; large ones in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from flamestream.runtime import appends
+from flamestream.runtime.appends import INLINE_BYTES, INLINE_LIMIT, Appends
+
+
+class Disk:
+    """An append that takes ``delay`` seconds (a blocking sleep, like an fsync) and notes the thread it ran on."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.threads: list[int] = []
+        self.fail: Exception | None = None
+
+    def append(self, records: Sequence[bytes]) -> int:
+        self.threads.append(threading.get_ident())
+        time.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        return len(records)
+
+
+def on_loop(disk: Disk) -> list[bool]:
+    return [ident == threading.get_ident() for ident in disk.threads]
+
+
+def test_fast_appends_run_on_the_loop_and_a_slow_average_sends_them_to_a_thread_until_a_probe_is_fast(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(appends, "RETRY_AFTER", 0.3)
+    disk = Disk()
+    runner = Appends(logging.getLogger("test"), "the test log")
+
+    async def scenario() -> None:
+        for _ in range(5):
+            assert await runner.run(disk.append, [b"x"]) == 1
+        assert on_loop(disk) == [True] * 5
+        disk.delay = INLINE_LIMIT * 20  # one append this slow lifts a 0.1-weighted average past the limit
+        await runner.run(disk.append, [b"x"])
+        disk.delay = 0.0
+        await runner.run(disk.append, [b"x"])
+        assert on_loop(disk)[5:] == [True, False], "the slow one ran on the loop, the next in a thread"
+        await asyncio.sleep(0.35)  # RETRY_AFTER passed: the next runs on the loop as a probe, and is fast
+        await runner.run(disk.append, [b"x"])
+        await runner.run(disk.append, [b"x"])
+        assert on_loop(disk)[7:] == [True, True]
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    assert "appends to the test log took" in caplog.text
+
+
+def test_a_slow_probe_keeps_appends_in_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(appends, "RETRY_AFTER", 0.2)
+    disk = Disk()
+    runner = Appends(logging.getLogger("test"), "the test log")
+
+    async def scenario() -> None:
+        disk.delay = INLINE_LIMIT * 20
+        await runner.run(disk.append, [b"x"])
+        await asyncio.sleep(0.25)
+        disk.delay = INLINE_LIMIT * 2  # the probe alone decides: above the limit, though the average was far above
+        await runner.run(disk.append, [b"x"])
+        disk.delay = 0.0
+        await runner.run(disk.append, [b"x"])
+        assert on_loop(disk) == [True, True, False]
+
+    asyncio.run(scenario())
+
+
+def test_a_large_append_goes_to_a_thread_and_errors_propagate_from_either_place() -> None:
+    disk = Disk()
+    runner = Appends(logging.getLogger("test"), "the test log")
+
+    async def scenario() -> None:
+        await runner.run(disk.append, [b"x" * (INLINE_BYTES + 1)])
+        disk.fail = OSError(28, "No space left on device")
+        with pytest.raises(OSError, match="No space left"):
+            await runner.run(disk.append, [b"x"])
+        with pytest.raises(OSError, match="No space left"):
+            await runner.run(disk.append, [b"x" * (INLINE_BYTES + 1)])
+        assert on_loop(disk) == [False, True, False]
+
+    asyncio.run(scenario())
