@@ -1,31 +1,39 @@
 """Where a durable append runs (``flamestream.runtime.appends``): on the event loop while appends are fast, in a
-thread once their moving average is slow, back on the loop when a later probe is fast; large ones in a thread."""
+thread once their moving average is slow, back on the loop when a later probe is fast; large ones in a thread.
+
+The module reads a clock that the stand-in disk advances by each append's duration (its own ``time`` is replaced),
+so what it measures does not depend on how busy this machine is; the threads are real."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 
 from flamestream.runtime import appends
-from flamestream.runtime.appends import INLINE_BYTES, INLINE_LIMIT, Appends
+from flamestream.runtime.appends import INLINE_BYTES, INLINE_LIMIT, RETRY_AFTER, Appends
 
 
 class Disk:
-    """An append that takes ``delay`` seconds (a blocking sleep, like an fsync) and notes the thread it ran on."""
+    """An append that takes ``delay`` seconds of the module's clock and notes the thread it ran on."""
 
-    def __init__(self) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
         self.delay = 0.0
         self.threads: list[int] = []
         self.fail: Exception | None = None
+        monkeypatch.setattr(appends, "time", SimpleNamespace(monotonic=lambda: self.now))
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
 
     def append(self, records: Sequence[bytes]) -> int:
         self.threads.append(threading.get_ident())
-        time.sleep(self.delay)
+        self.now += self.delay
         if self.fail is not None:
             raise self.fail
         return len(records)
@@ -37,8 +45,7 @@ def on_loop(disk: Disk) -> list[bool]:
 
 def test_fast_appends_run_on_the_loop_and_a_slow_average_sends_them_to_a_thread_until_a_probe_is_fast(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(appends, "RETRY_AFTER", 0.3)
-    disk = Disk()
+    disk = Disk(monkeypatch)
     runner = Appends(logging.getLogger("test"), "the test log")
 
     async def scenario() -> None:
@@ -50,10 +57,12 @@ def test_fast_appends_run_on_the_loop_and_a_slow_average_sends_them_to_a_thread_
         disk.delay = 0.0
         await runner.run(disk.append, [b"x"])
         assert on_loop(disk)[5:] == [True, False], "the slow one ran on the loop, the next in a thread"
-        await asyncio.sleep(0.35)  # RETRY_AFTER passed: the next runs on the loop as a probe, and is fast
+        disk.wait(RETRY_AFTER / 2)
+        await runner.run(disk.append, [b"x"])
+        disk.wait(RETRY_AFTER / 2)  # RETRY_AFTER passed: the next runs on the loop as a probe, and is fast
         await runner.run(disk.append, [b"x"])
         await runner.run(disk.append, [b"x"])
-        assert on_loop(disk)[7:] == [True, True]
+        assert on_loop(disk)[7:] == [False, True, True]
 
     with caplog.at_level(logging.INFO):
         asyncio.run(scenario())
@@ -61,15 +70,14 @@ def test_fast_appends_run_on_the_loop_and_a_slow_average_sends_them_to_a_thread_
 
 
 def test_a_slow_probe_keeps_appends_in_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(appends, "RETRY_AFTER", 0.2)
-    disk = Disk()
+    disk = Disk(monkeypatch)
     runner = Appends(logging.getLogger("test"), "the test log")
 
     async def scenario() -> None:
         disk.delay = INLINE_LIMIT * 20
         await runner.run(disk.append, [b"x"])
-        await asyncio.sleep(0.25)
-        disk.delay = INLINE_LIMIT * 2  # the probe alone decides: above the limit, though the average was far above
+        disk.wait(RETRY_AFTER)
+        disk.delay = INLINE_LIMIT * 2  # the probe's time alone is the new average: above the limit
         await runner.run(disk.append, [b"x"])
         disk.delay = 0.0
         await runner.run(disk.append, [b"x"])
@@ -78,8 +86,9 @@ def test_a_slow_probe_keeps_appends_in_a_thread(monkeypatch: pytest.MonkeyPatch)
     asyncio.run(scenario())
 
 
-def test_a_large_append_goes_to_a_thread_and_errors_propagate_from_either_place() -> None:
-    disk = Disk()
+def test_a_large_append_goes_to_a_thread_and_errors_propagate_from_either_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = Disk(monkeypatch)
     runner = Appends(logging.getLogger("test"), "the test log")
 
     async def scenario() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import flamestream.core as core
 from flamestream.bench.report import plot_cdf
 from flamestream.bench.runner import head_of_line, head_of_line_figures, latency_figures, percentile
 from flamestream.bench.suite import _comparisons
@@ -149,6 +150,7 @@ def test_smoke_run_writes_result_and_plot_ours_first(tmp_path: Path) -> None:
         assert entry["throughput"] > 0 and entry["cpu_seconds"] > 0 and entry["peak_rss_mb"] > 0
     assert result["systems"][0]["replay_overhead"] >= 1.0
     assert result["machine"]["cores"] and result["seed"] == 1 and result["rate"] == 20
+    assert result["versions"]["flamestream core"] == core.BUILD, "the result says which core ran"
     assert (run_dir / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

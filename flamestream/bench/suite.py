@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+import flamestream.core as core
 from flamestream.bench.harness import RunSpec
 from flamestream.bench.report import plot_cdf, write_result
 from flamestream.bench.runner import LARGE_SHARE, head_of_line_figures, latency_figures
@@ -127,7 +128,11 @@ def _machine() -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
+    """The packages' versions, and which build of flamestream's core ran: "compiled" or "pure" (``core.BUILD``, as
+    this process chose it; the nodes it starts choose by the same check on the same tree).  Why: a compiled module
+    whose source is newer than its build runs pure, with a warning only in the nodes' logs, and such a run read as
+    a quarter more CPU in an A/B that compared the two builds by accident."""
+    found: dict[str, str | None] = {"flamestream core": core.BUILD}
     for package in ("flamestream", "pyspark", "bytewax", "grpcio", "kazoo"):
         try:
             found[package] = version(package)

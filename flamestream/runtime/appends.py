@@ -56,14 +56,23 @@ class Appends:
 
     async def run(self, append: Callable[[Sequence[bytes]], R], records: Sequence[bytes]) -> R:
         """``append(records)``, on the loop or in a thread; its exceptions propagate either way."""
-        start = time.monotonic()
+        if self.on_loop(records):
+            return self.run_on_loop(append, records)
+        return await asyncio.to_thread(append, records)
+
+    def on_loop(self, records: Sequence[bytes]) -> bool:
+        """Whether an append of ``records`` now belongs on the loop."""
         until = self._threaded_until
-        if (until is not None and start < until) or sum(map(len, records)) > INLINE_BYTES:
-            return await asyncio.to_thread(append, records)
+        return not ((until is not None and time.monotonic() < until) or sum(map(len, records)) > INLINE_BYTES)
+
+    def run_on_loop(self, append: Callable[[Sequence[bytes]], R], records: Sequence[bytes]) -> R:
+        """``append(records)`` on the loop, timed (where ``on_loop`` said so)."""
+        start = time.monotonic()
+        probe = self._threaded_until is not None
         try:
             return append(records)
         finally:
-            self._timed(time.monotonic() - start, probe=until is not None)
+            self._timed(time.monotonic() - start, probe=probe)
 
     def _timed(self, took: float, *, probe: bool) -> None:
         self._average = took if probe else self._average + WEIGHT * (took - self._average)
