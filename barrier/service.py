@@ -123,7 +123,7 @@ class _Partition:
             return False
         try:
             self._appends.run_on_loop(self.log.append_many, records)
-        except Exception:
+        except Exception:  # not logged here: the task's retry meets it again (as the cause of the log's failure)
             self.held = records
             return False
         self._appended(records)
@@ -381,6 +381,10 @@ class BarrierService(pb_grpc.BarrierServicer):
             await self._min_changed.wait()
             self._min_changed.clear()
             if self._stopping:
+                for partition in self._partitions.values():
+                    if partition.held:  # released, not in the topic: a recovery replays them
+                        partition.logger.warning("stopping with %d released records of partition %d not appended",
+                                                 len(partition.held), partition.number)
                 return
             self._releasing = True
             try:

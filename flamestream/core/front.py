@@ -47,10 +47,10 @@ class FrontClock:
         ``report`` promises the clock's time, which passes a stamp only once
         its millisecond is over; this one promises the millisecond after the
         last stamp, so a stamp made now is covered without waiting for the
-        next one.  Later stamps of this millisecond then take the next: the
-        clock may run one millisecond ahead of ``now_ms``, never more (None
-        where it would), and never past ``bound``, the highest time the front
-        may promise.
+        next one.  Later stamps of this millisecond then take the next: it
+        adds at most one millisecond of lead over ``now_ms`` (None where the
+        clock is already further ahead), and never promises past ``bound``,
+        the highest time the front may promise.
         """
         ts = max(self._promised, now_ms, self._ts + 1)
         if ts > now_ms + 1 or ts > bound:
