@@ -12,7 +12,8 @@ Exactly-once pushing: with a producer id the client numbers the events itself,
 ``0, 1, 2, ...`` across calls, and the front admits each (producer, sequence)
 once.  That deduplication state lives in one front, so all events of a
 producer go to the same front (chosen by a stable hash of the id), while
-anonymous pushes are spread over the fronts round-robin.  The counter only
+anonymous pushes are spread over the fronts round-robin (each under one of
+a few ids per front, so concurrent pushes are all admitted).  The counter only
 advances past batches the front acknowledged: after a failed ``push`` the
 ``ClientError`` says how many events went through (``pushed``), and pushing
 the rest again reuses their sequence numbers.
@@ -54,6 +55,9 @@ T = TypeVar("T")
 
 ANONYMOUS = "~anon-"
 """Prefix of the internal producer ids of anonymous pushes (user producer ids may not use it)."""
+LANES = 4
+"""Anonymous producer ids a client uses per front at most, so pushes to a front in flight at once: each id is a
+producer a front remembers for good (its last sequence; ``fronts/producers.py``)."""
 PUSH_BATCH = 500
 """Events per Push request: big enough to amortise the front's fsync, small enough to retry cheaply."""
 PUSH_BYTES = 4 * 1024 * 1024
@@ -187,6 +191,25 @@ class BarrierStats:
         return self.received / self.released if self.released else None
 
 
+@dataclass
+class _Lane:
+    """One anonymous producer id of a client at one front: its pushes go one at a time, so in sequence order."""
+
+    producer: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+    """Pushes holding or waiting for ``lock``."""
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncGenerator[None, None]:
+        self.users += 1
+        try:
+            async with self.lock:
+                yield
+        finally:
+            self.users -= 1
+
+
 class _Unresolved(ClientError):
     """No member serves what is needed right now; retried, since a restarting member re-registers soon."""
 
@@ -318,8 +341,8 @@ class AsyncClient:
         self._sequences: dict[str, int] = {}
         self._producer_locks: dict[str, asyncio.Lock] = {}
         self._round_robin = 0
-        self._anonymous = uuid.uuid4().hex
-        """Producer id prefix for pushes without one: retries of anonymous pushes are deduplicated too."""
+        self._lanes: dict[int, list[_Lane]] = {}
+        """Front -> the anonymous producer ids this client pushes to it under, each one push at a time."""
         self._front_ids: list[int] | None = None
         self._followers: set[asyncio.Task[None]] = set()
 
@@ -644,27 +667,51 @@ class AsyncClient:
         for start, chunk in _chunks(encoded):
             fronts = await self._retry("finding the fronts", self._tick_front_ids)
             if producer:
-                front, sender = fronts[stable_hash(producer) % len(fronts)], producer
-            else:  # spread anonymous batches over the fronts, each front with its own internal producer id
+                response = await self._push_chunk(chunk, start, fronts[stable_hash(producer) % len(fronts)], producer)
+            else:  # spread anonymous batches over the fronts, each on a lane of its front
                 front = fronts[self._round_robin % len(fronts)]
                 self._round_robin += 1
-                sender = f"{ANONYMOUS}{self._anonymous}-{front}"
-            first = self._sequences.get(sender, 0)
-            request = pb.PushRequest(events=[pb.Event(payload=data, producer=sender, sequence=first + i)
-                                             for i, data in enumerate(chunk)])
-            try:
-                response = await self._retry("push", functools.partial(self._push_once, request, front))
-                if len(response.admitted) != len(chunk) or len(response.times) != len(chunk):
-                    raise ClientError(f"a front answered a push of {len(chunk)} events with "
-                                      f"{len(response.admitted)} admissions and {len(response.times)} times")
-            except ClientError as exc:
-                exc.pushed = start
-                _name_refused_event(exc, start)
-                raise
-            self._sequences[sender] = first + len(chunk)
+                lane = self._lane(front)
+                async with lane.held():
+                    response = await self._push_chunk(chunk, start, front, lane.producer)
             duplicates += sum(1 for admitted in response.admitted if not admitted)
             times.extend(GlobalTime(t.ts, t.front) for t in response.times)
         return PushResult(events=len(encoded), duplicates=duplicates, times=tuple(times))
+
+    def _lane(self, front: int) -> _Lane:
+        """An idle anonymous lane to ``front``, a new one while there are fewer than ``LANES``, else the least busy.
+
+        Why lanes: a front admits a producer's sequence only above the last
+        it admitted, so two pushes of one producer id in flight at once lose
+        whichever arrives second (its events count as retries).  One id per
+        push in flight keeps concurrent ``push`` calls (a ``gather``, threads
+        sharing a ``Client``) all admitted, each lane in order.
+        """
+        lanes = self._lanes.setdefault(front, [])
+        idle = next((lane for lane in lanes if not lane.users), None)
+        if idle is not None:
+            return idle
+        if len(lanes) < LANES:
+            lanes.append(_Lane(f"{ANONYMOUS}{uuid.uuid4().hex}-{front}"))
+            return lanes[-1]
+        return min(lanes, key=lambda lane: lane.users)
+
+    async def _push_chunk(self, chunk: list[bytes], start: int, front: int, sender: str) -> pb.PushResponse:
+        """One Push request of ``sender``'s next sequences; the caller makes sure it is the sender's only one."""
+        first = self._sequences.get(sender, 0)
+        request = pb.PushRequest(events=[pb.Event(payload=data, producer=sender, sequence=first + i)
+                                         for i, data in enumerate(chunk)])
+        try:
+            response = await self._retry("push", functools.partial(self._push_once, request, front))
+            if len(response.admitted) != len(chunk) or len(response.times) != len(chunk):
+                raise ClientError(f"a front answered a push of {len(chunk)} events with "
+                                  f"{len(response.admitted)} admissions and {len(response.times)} times")
+        except ClientError as exc:
+            exc.pushed = start
+            _name_refused_event(exc, start)
+            raise
+        self._sequences[sender] = first + len(chunk)
+        return response
 
     async def _push_once(self, request: pb.PushRequest, front: int) -> pb.PushResponse:
         call = self._channel(await self._front_address(front)).unary_unary(_method("Front", "Push"),

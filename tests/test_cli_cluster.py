@@ -31,6 +31,7 @@ import pytest
 from examples import inverted_index
 from flamestream.client import (
     ANONYMOUS,
+    LANES,
     PUSH_BATCH,
     AsyncClient,
     Client,
@@ -459,6 +460,29 @@ def test_async_client_spreads_anonymous_batches_and_pins_a_producer(
 
     asyncio.run(scenario())
     assert sorted(len([e for call in front.calls for e in call if e[0] == "pinned"]) for front in fronts) == [0, 3]
+
+
+def test_concurrent_anonymous_pushes_are_all_admitted(
+        servers: AioServers, store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
+    """Pushes in flight together each take a lane (an anonymous producer id of their own, at most ``LANES``): with
+    one id they all sent sequence 0, and the front took all but the first for retries."""
+    front = FakeFront(0)
+    add_front(servers, store, front)
+
+    async def scenario() -> None:
+        async with AsyncClient(zookeeper, cluster_name) as client:
+            results = await asyncio.gather(*(client.push([i]) for i in range(2 * LANES)))
+            assert [result.duplicates for result in results] == [0] * (2 * LANES)
+            assert (await client.push(["after"])).duplicates == 0
+
+    asyncio.run(scenario())
+    assert sorted(str(payload) for _producer, _sequence, payload in front.log) == \
+        sorted(["after", *map(str, range(2 * LANES))])
+    producers = {producer for producer, _sequence, _payload in front.log}
+    assert 1 < len(producers) <= LANES
+    for producer in producers:  # each lane numbered 0, 1, 2, ... in the order the front saw its pushes
+        assert [sequence for p, sequence, _payload in front.log if p == producer] == \
+            list(range(sum(1 for p, _s, _e in front.log if p == producer)))
 
 
 def test_deploy_publishes_a_tick_of_the_registered_members(
