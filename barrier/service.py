@@ -35,10 +35,9 @@ from typing import Any, NoReturn
 
 import grpc
 
-from flamestream.cluster import ClusterStore
 from flamestream.core.barrier import ArrivalBuffer, BarrierBuffer, Released
 from flamestream.core.item import Item
-from flamestream.core.limits import group_fault
+from flamestream.core.limits import RETRY_HINT, group_fault
 from flamestream.core.meta import GlobalTime
 from flamestream.core.tick import Tick
 from flamestream.runtime import hosting
@@ -48,12 +47,10 @@ from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
 from flamestream.runtime.tick_gate import TickGate
 from flamestream.storage.log import LogError, SegmentedLog, disk_full
+from flamestream.storage.offsets import CommittedOffsets, TooManyGroups
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
-
-TOPIC = "output"
-"""Topic name under which consumer-group offsets are stored in ZooKeeper."""
 
 DISK_RETRY = 1.0
 """Seconds between attempts to append to a topic whose disk is full."""
@@ -78,6 +75,7 @@ class _Partition:
         self.closing = False
         """The barrier is stopping: an append waiting for disk space gives up (see ``append``)."""
         self.log = SegmentedLog(directory)
+        self.offsets = CommittedOffsets(directory)
         self._appends = Appends(self.logger, f"topic partition {number}")
         self.end = self.log.end_offset
         """Offset after the last record appended and fsynced, as known on the event loop."""
@@ -288,9 +286,8 @@ class _AckerLink:
 
 
 class BarrierService(pb_grpc.BarrierServicer):
-    def __init__(self, store: ClusterStore, partitions: dict[int, _Partition], local: LocalEndpoints,
+    def __init__(self, partitions: dict[int, _Partition], local: LocalEndpoints,
                  on_arrival: bool = False, name: str = "barrier") -> None:
-        self._store = store
         self._local = local
         self.name = name
         self.supervisor: Supervisor | None = None
@@ -496,26 +493,28 @@ class BarrierService(pb_grpc.BarrierServicer):
         await context.abort(grpc.StatusCode.UNAVAILABLE, "barrier is shutting down")
 
     async def Commit(self, request: pb.CommitRequest, context: Context) -> pb.Empty:
-        # The group is a ZooKeeper path component: a 2 MB name made a packet ZooKeeper drops the session over.
+        # Checked names only: every commit rewrites the partition's offsets file (and a 2 MB name, when offsets
+        # were ZooKeeper nodes, made a packet ZooKeeper dropped the session over).
         if (fault := group_fault(request.group)) is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, fault)
         partition = await self._owned(request.partition, context)
         await self._check_offset(partition, request.offset, context)
         try:
-            await asyncio.to_thread(self._store.commit_offset, request.group, TOPIC, partition.number, request.offset)
-        except ValueError as exc:  # the group name (partition and offset are checked above)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await asyncio.to_thread(partition.offsets.commit, request.group, request.offset)
+        except TooManyGroups as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except OSError as exc:  # the old offsets file is intact (see write_durably)
+            partition.logger.warning("committing offset %d of group %r failed: %s", request.offset, request.group,
+                                     exc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED if disk_full(exc) else grpc.StatusCode.UNAVAILABLE,
+                                f"the barrier could not store the offset ({exc.strerror or exc}) {RETRY_HINT}")
         return pb.Empty()
 
     async def Committed(self, request: pb.CommittedRequest, context: Context) -> pb.Offset:
         if (fault := group_fault(request.group)) is not None:  # as in Commit
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, fault)
         partition = await self._owned(request.partition, context)
-        try:
-            offset = await asyncio.to_thread(self._store.committed_offset, request.group, TOPIC, partition.number)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return pb.Offset(offset=offset or 0)
+        return pb.Offset(offset=partition.offsets.get(request.group) or 0)
 
     async def Stats(self, request: pb.Empty, context: Context) -> pb.BarrierStats:
         per_partition = [p.stats() for p in self._partitions.values()]
@@ -540,10 +539,8 @@ class BarrierRole:
 
     kind = "barrier"
 
-    def __init__(self, store: ClusterStore, data_dir: Path, partitions: tuple[int, ...],
-                 on_arrival: bool = False) -> None:
+    def __init__(self, data_dir: Path, partitions: tuple[int, ...], on_arrival: bool = False) -> None:
         self.name = f"barrier{partitions[0]}"
-        self._store = store
         self._partitions = _open_partitions(data_dir, partitions, on_arrival)
         self._on_arrival = on_arrival
         self.service: BarrierService | None = None
@@ -553,7 +550,7 @@ class BarrierRole:
         return {"partitions": sorted(self._partitions)}
 
     def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
-        self.service = BarrierService(self._store, self._partitions, local, self._on_arrival, self.name)
+        self.service = BarrierService(self._partitions, local, self._on_arrival, self.name)
         codec.add_servicer(server, self.service, pb.DESCRIPTOR.services_by_name["Barrier"])
         local.streams[transport.DELIVER] = self.service.Deliver
 

@@ -1,4 +1,4 @@
-"""The cluster's shared state in ZooKeeper: membership, ticks and consumer offsets.
+"""The cluster's shared state in ZooKeeper: membership, ticks, leases and snapshot registrations.
 
 Layout under ``<root>/<cluster>/``::
 
@@ -9,7 +9,8 @@ Layout under ``<root>/<cluster>/``::
     fences/fence-<seq>                 ephemeral: a hand-over being published asks the fronts to stamp nothing at
                                        or after {"until": ts} before they know a tick above {"after": n}
     load/worker<i>                     ephemeral: items worker i processed per hash bucket (for rebalancing)
-    offsets/<group>/<topic>/<partition>  committed offset as a decimal number
+
+Consumer offsets are not here: each barrier keeps its partitions' (``flamestream.storage.offsets``).
 
 Membership nodes are ephemeral so a crashed process drops out of the cluster by
 itself once its session expires.  Ticks are numbered by one transaction that
@@ -192,11 +193,11 @@ class ClusterStore:
             if self._acl is not None:
                 # The shared root stays open (other clusters live there too); only our subtree is guarded.
                 client.ensure_path(self.root, acl=OPEN_ACL_UNSAFE)
-            for child in ("members", "ticks", "offsets"):
+            for child in ("members", "ticks"):
                 client.ensure_path(f"{self.base}/{child}")
             if self._acl is not None:
                 # A subtree an insecure run created earlier is still open: guard its top nodes now.
-                for path in (self.base, *(f"{self.base}/{child}" for child in ("members", "ticks", "offsets"))):
+                for path in (self.base, *(f"{self.base}/{child}" for child in ("members", "ticks"))):
                     with contextlib.suppress(NoAuthError):
                         client.set_acls(path, self._acl)
         except BaseException:
@@ -608,38 +609,10 @@ class ClusterStore:
         with contextlib.suppress(NoNodeError):  # another worker of the tick was first
             self._zk.delete(f"{self._snapshots_path(tick)}/{_check_name('boundary', boundary)}", recursive=True)
 
-    # -- consumer offsets ----------------------------------------------------
-
-    def commit_offset(self, group: str, topic: str, partition: int, offset: int) -> None:
-        """Record ``offset`` as the consumer group's position in ``topic``/``partition`` (last write wins)."""
-        path = self._offset_path(group, topic, partition)
-        value = str(_check_count("offset", offset)).encode()
-        try:
-            self._zk.set(path, value)
-        except NoNodeError:
-            try:
-                self._zk.create(path, value, makepath=True)
-            except NodeExistsError:  # a concurrent first commit won the create
-                self._zk.set(path, value)
-
-    def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
-        """The last committed offset, or None if the group never committed for this partition."""
-        try:
-            data, _ = self._zk.get(self._offset_path(group, topic, partition))
-        except NoNodeError:
-            return None
-        return int(data)
-
     # -- paths ---------------------------------------------------------------
 
     def _role_path(self, role: str) -> str:
         return f"{self.base}/members/{_check_name('role', role)}"
-
-    def _offset_path(self, group: str, topic: str, partition: int) -> str:
-        return (
-            f"{self.base}/offsets/{_check_name('group', group)}/{_check_name('topic', topic)}/"
-            f"{_check_count('partition', partition)}"
-        )
 
     def _read_children(self, path: str) -> dict[str, tuple[dict[str, Any], int]]:
         """Every child of ``path`` by name, in name order, with its JSON object and node version; a child that

@@ -9,7 +9,6 @@ import asyncio
 import errno
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 
@@ -26,7 +25,7 @@ def record(ts: int) -> bytes:
 def barrier(tmp_path: Path, *times: int) -> tuple[BarrierService, _Partition]:
     """A barrier of partition 0 holding one record at each of ``times`` (front 0)."""
     partition = _Partition(0, tmp_path / "topic-0")
-    service = BarrierService(cast(Any, None), {0: partition}, LocalEndpoints())
+    service = BarrierService({0: partition}, LocalEndpoints())
     for ts in times:
         partition.buffer.insert((record(ts), GlobalTime(ts, 0), (0,), False))
     return service, partition

@@ -337,27 +337,6 @@ def test_watch_ticks_keeps_delivering_after_a_failing_callback(open_store: OpenS
     assert seen == [0, 1]
 
 
-# -- offsets ----------------------------------------------------------------------
-
-
-def test_offsets_round_trip_per_group_topic_and_partition(open_store: OpenStore, cluster: str) -> None:
-    store, other_session = open_store(cluster), open_store(cluster)
-    assert store.committed_offset("g1", "words", 0) is None
-
-    store.commit_offset("g1", "words", 0, 10)
-    store.commit_offset("g1", "words", 1, 20)
-    store.commit_offset("g1", "lines", 0, 30)
-    store.commit_offset("g2", "words", 0, 40)
-    store.commit_offset("g1", "words", 0, 15)  # later commits replace earlier ones
-
-    assert other_session.committed_offset("g1", "words", 0) == 15
-    assert other_session.committed_offset("g1", "words", 1) == 20
-    assert other_session.committed_offset("g1", "lines", 0) == 30
-    assert other_session.committed_offset("g2", "words", 0) == 40
-    assert other_session.committed_offset("g2", "words", 1) is None
-    assert other_session.committed_offset("g3", "words", 0) is None
-
-
 # -- isolation and validation ---------------------------------------------------------
 
 
@@ -365,12 +344,10 @@ def test_clusters_do_not_see_each_other(open_store: OpenStore, cluster: str) -> 
     a, b = open_store(f"{cluster}-a"), open_store(f"{cluster}-b")
     a.register("worker", "w1", {"address": "x"})
     assert a.publish_tick({"cluster": "a"}) == 0
-    a.commit_offset("g", "t", 0, 7)
 
     assert b.members("worker") == {}
     assert b.ticks() == []
     assert b.latest_tick() is None
-    assert b.committed_offset("g", "t", 0) is None
     assert b.publish_tick({"cluster": "b"}) == 0
     assert a.ticks() == [(0, {"cluster": "a"})]
     assert b.ticks() == [(0, {"cluster": "b"})]
@@ -388,28 +365,19 @@ def test_invalid_names_are_rejected(open_store: OpenStore, cluster: str, bad: st
         lambda: store.register("worker", bad, {}),
         lambda: store.members(bad),
         lambda: store.wait_for_members(bad, 1, timeout=0.1),
-        lambda: store.commit_offset(bad, "t", 0, 1),
-        lambda: store.commit_offset("g", bad, 0, 1),
-        lambda: store.committed_offset(bad, "t", 0),
         lambda: ClusterStore(store.hosts, cluster=bad),
     ]
     for call in calls:
         with pytest.raises(ValueError, match="must"):
             call()
     assert store.members("worker") == {}
-    assert store.committed_offset("g", "t", 0) is None
 
 
 def test_invalid_numbers_and_roots_are_rejected(open_store: OpenStore, cluster: str) -> None:
     store = open_store(cluster)
-    with pytest.raises(ValueError, match="partition must be a non-negative integer"):
-        store.commit_offset("g", "t", -1, 0)
-    with pytest.raises(ValueError, match="offset must be a non-negative integer"):
-        store.commit_offset("g", "t", 0, -5)
     with pytest.raises(ValueError, match="count must be a non-negative integer"):
         store.wait_for_members("worker", -1, timeout=0.1)
     with pytest.raises(ValueError, match="absolute ZooKeeper path"):
         ClusterStore(store.hosts, root="flamestream")
     with pytest.raises(ValueError, match="root path component"):
         ClusterStore(store.hosts, root="/a//b")
-    assert store.committed_offset("g", "t", 0) is None

@@ -233,7 +233,8 @@ def test_zookeeper_stopped_for_5_s_mid_stream_loses_and_duplicates_nothing(tmp_p
                                                                          cluster_name: str) -> None:
     """Shorter than the session timeout: no session expires, and shorter than the fronts' stamping leases
     (``fronts/lease.py``), the only thing the stream needs ZooKeeper for: pushes go on meanwhile (at 1 s, the
-    lease's old reach, they waited for ZooKeeper), and nothing is lost or twice."""
+    lease's old reach, they waited for ZooKeeper), and so does a consumer that commits every batch (its offsets
+    were ZooKeeper nodes, and it waited in ``commit``); nothing is lost or twice."""
     server = ZooKeeperServer(tmp_path / "zookeeper")
     server.start()
     try:
@@ -244,16 +245,19 @@ def test_zookeeper_stopped_for_5_s_mid_stream_loses_and_duplicates_nothing(tmp_p
         assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper,
                    "--cluster", cluster_name).returncode == 0
         pusher = Pusher(zookeeper, cluster_name, lines(), 0.02, retries=40)
+        consumer = Consumer(zookeeper, cluster_name)
         pusher.start()
-        eventually(lambda: pusher.pushed >= 100, "a running stream")
+        consumer.start()
+        eventually(lambda: pusher.pushed >= 100 and len(consumer.records) >= 100, "a running stream, consumed")
         assert server.pid is not None
         os.killpg(server.pid, signal.SIGSTOP)
         time.sleep(2)  # past a 1 s lease
-        stopped = pusher.pushed
+        stopped, read = pusher.pushed, len(consumer.records)
         time.sleep(3)
-        during = pusher.pushed - stopped
+        during, read_during = pusher.pushed - stopped, len(consumer.records) - read
         os.killpg(server.pid, signal.SIGCONT)
         assert during >= 30, f"{during} events pushed in the last 3 s of the pause"  # ~200 when not held
+        assert read_during >= 7 * 30, f"{read_during} records consumed in the last 3 s of the pause"
         resumed = pusher.pushed
         eventually(lambda: pusher.pushed >= resumed + 100 or pusher.error is not None, "pushes after ZooKeeper")
         pusher.stop.set()
@@ -262,9 +266,14 @@ def test_zookeeper_stopped_for_5_s_mid_stream_loses_and_duplicates_nothing(tmp_p
         assert "recovering" not in (cluster_dir / "logs" / "node0.log").read_text()  # no restart was needed
         expected = run_oracle(wordcount.graph(), read_input_logs(cluster_dir))[0]
         assert len(expected) == 7 * pusher.pushed
+        consumer.target = len(expected)
+        eventually(lambda: len(consumer.records) >= len(expected) or not consumer.is_alive(), "the live consumer")
+        consumer.join(30)
+        assert consumer.error is None, consumer.error
         with Client(zookeeper, cluster_name) as client:
             got = [(record.time, record.payload) for record in client.consume(group="check", timeout=10)]
-        assert as_multiset(got) == as_multiset(expected)
+        for records in (got, consumer.records):
+            assert as_multiset(records) == as_multiset(expected)
         assert cli("down", "--data-dir", str(cluster_dir)).returncode == 0
     finally:
         server.stop()

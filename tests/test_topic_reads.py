@@ -26,7 +26,7 @@ def record(ts: int) -> bytes:
 def test_a_subscriber_stops_at_the_appended_end_while_an_append_is_returning(tmp_path: Path) -> None:
     async def run() -> None:
         partition = _Partition(0, tmp_path / "topic" / "0")
-        barrier = BarrierService(cast(Any, None), {0: partition}, LocalEndpoints())
+        barrier = BarrierService({0: partition}, LocalEndpoints())
         partition.log.append_many([record(1), record(2), record(3)])  # the append, as its worker thread runs it
         partition._appended([record(1)])  # the event loop has learnt of one record; the other two are on their way
         stream = barrier.Subscribe(pb.SubscribeRequest(partition=0, from_offset=0), cast(Any, LocalContext()))
@@ -62,7 +62,7 @@ def test_a_subscriber_that_keeps_up_is_sent_the_newest_records_from_memory(
 
     async def run() -> None:
         partition = _Partition(0, tmp_path / "topic" / "0")
-        barrier = BarrierService(cast(Any, None), {0: partition}, LocalEndpoints())
+        barrier = BarrierService({0: partition}, LocalEndpoints())
         for first in (1, 6):
             await partition.append([(GlobalTime(ts, 0), (), record(ts)) for ts in range(first, first + 5)])
         assert partition.recent(6, 10) == [(6, record(7)), (7, record(8)), (8, record(9)), (9, record(10))]

@@ -303,7 +303,7 @@ def test_handlers_abort_their_own_call_on_a_bad_batch(tmp_path: Path) -> None:
 
     async def run() -> None:
         worker = WorkerService(0, LocalEndpoints())
-        barrier = BarrierService(cast(Any, None), {}, LocalEndpoints())
+        barrier = BarrierService({}, LocalEndpoints())
         for batch in (crafted_batch(marker), pb.ItemBatch(items=b"\x80\x05garbage", tick=0)):
             with pytest.raises(LocalAbort) as aborted:
                 await worker.Exchange(requests(batch), cast(Any, LocalContext()))
