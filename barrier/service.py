@@ -28,6 +28,7 @@ import asyncio
 import functools
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
@@ -75,10 +76,13 @@ class _Partition:
         self.closing = False
         """The barrier is stopping: an append waiting for disk space gives up (see ``append``)."""
         self.log = SegmentedLog(directory)
-        self.offsets = CommittedOffsets(directory)
         self._appends = Appends(self.logger, f"topic partition {number}")
         self.end = self.log.end_offset
         """Offset after the last record appended and fsynced, as known on the event loop."""
+        self.offsets = CommittedOffsets(directory)
+        if self.offsets.damaged is not None:
+            self.logger.error("%s; it is moved aside, and its consumer groups resume from offset 0",
+                              self.offsets.damaged)
         self._new_buffer: type[BarrierBuffer | ArrivalBuffer] = ArrivalBuffer if on_arrival else BarrierBuffer
         self.buffer = self._new_buffer()
         self.released = 0
@@ -93,6 +97,16 @@ class _Partition:
         its last complete snapshot, must not release again (see ``_new_only``)."""
         self.held: list[bytes] = []
         """Records released at once (``append_now``) but not appended: the release task appends them first."""
+
+    def adopt_offsets(self, legacy: dict[str, int]) -> None:
+        """Start from the offsets the cluster kept in ZooKeeper (``ClusterStore.legacy_offsets``), for a partition
+        that has no offsets file yet: checked as a commit is, and an offset past the topic's end clamped to it
+        (Subscribe refuses those)."""
+        found = {group: min(offset, self.end) for group, offset in legacy.items()
+                 if group_fault(group) is None and offset >= 0}
+        self.offsets.adopt(found)
+        if found:
+            self.logger.info("adopted the offsets of %d consumer groups from ZooKeeper", len(found))
 
     def wake(self) -> None:
         # A fresh event per generation: waiters captured the old one before checking ``end``, so
@@ -289,6 +303,9 @@ class BarrierService(pb_grpc.BarrierServicer):
     def __init__(self, partitions: dict[int, _Partition], local: LocalEndpoints,
                  on_arrival: bool = False, name: str = "barrier") -> None:
         self._local = local
+        self._offsets_writer = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-offsets")
+        """Commits wait for an fsync, one at a time: in a thread of their own, so that consumers committing at once
+        do not take every thread of the loop's default pool, which the node's front needs for its promise file."""
         self.name = name
         self.supervisor: Supervisor | None = None
         self._on_arrival = on_arrival
@@ -341,6 +358,7 @@ class BarrierService(pb_grpc.BarrierServicer):
         self._min_changed.set()
         if self._link is not None:
             await self._link.close()
+        self._offsets_writer.shutdown(wait=False)  # a commit under way finishes; its client hears nothing
 
     def _advance(self, min_time: GlobalTime) -> None:
         """A new min time: release below it at once, in the watch that brought it, where the release task is idle.
@@ -500,7 +518,8 @@ class BarrierService(pb_grpc.BarrierServicer):
         partition = await self._owned(request.partition, context)
         await self._check_offset(partition, request.offset, context)
         try:
-            await asyncio.to_thread(partition.offsets.commit, request.group, request.offset)
+            await asyncio.get_running_loop().run_in_executor(self._offsets_writer, partition.offsets.commit,
+                                                             request.group, request.offset)
         except TooManyGroups as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except OSError as exc:  # the old offsets file is intact (see write_durably)
@@ -539,9 +558,13 @@ class BarrierRole:
 
     kind = "barrier"
 
-    def __init__(self, data_dir: Path, partitions: tuple[int, ...], on_arrival: bool = False) -> None:
+    def __init__(self, data_dir: Path, partitions: tuple[int, ...], on_arrival: bool = False,
+                 legacy_offsets: Callable[[int], dict[str, int]] | None = None) -> None:
+        """``legacy_offsets(partition)``: the offsets a partition without an offsets file adopts (see
+        ``ClusterStore.legacy_offsets``)."""
         self.name = f"barrier{partitions[0]}"
         self._partitions = _open_partitions(data_dir, partitions, on_arrival)
+        self._legacy_offsets = legacy_offsets
         self._on_arrival = on_arrival
         self.service: BarrierService | None = None
         self._releasing: asyncio.Task[None] | None = None
@@ -550,6 +573,11 @@ class BarrierRole:
         return {"partitions": sorted(self._partitions)}
 
     def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
+        # Before the server answers a Committed: the node's ZooKeeper session is up by now.
+        if self._legacy_offsets is not None:
+            for partition in self._partitions.values():
+                if not partition.offsets.stored:
+                    partition.adopt_offsets(self._legacy_offsets(partition.number))
         self.service = BarrierService(self._partitions, local, self._on_arrival, self.name)
         codec.add_servicer(server, self.service, pb.DESCRIPTOR.services_by_name["Barrier"])
         local.streams[transport.DELIVER] = self.service.Deliver

@@ -1,6 +1,6 @@
 """A private, real ZooKeeper server run as a child process.
 
-FlameStream keeps ticks, membership and consumer offsets in ZooKeeper.  Tests and
+FlameStream keeps ticks, membership, leases and snapshot registrations in ZooKeeper.  Tests and
 single-machine deployments need a server they fully own: its own data directory,
 its own port, its own log file, and a guarantee that nothing (no JVM, no bound
 port) outlives it.  This module launches the Debian ``zookeeper`` package's

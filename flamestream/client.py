@@ -16,7 +16,9 @@ anonymous pushes are spread over the fronts round-robin (each under one of
 a few ids per front, so concurrent pushes are all admitted).  The counter only
 advances past batches the front acknowledged: after a failed ``push`` the
 ``ClientError`` says how many events went through (``pushed``), and pushing
-the rest again reuses their sequence numbers.
+the rest again with the same producer id reuses their sequence numbers.  An
+anonymous push that failed leaves its id behind instead (its lane takes a new
+one): the next push on that lane may be another caller's, with other events.
 """
 
 from __future__ import annotations
@@ -189,6 +191,11 @@ class BarrierStats:
     @property
     def replay_overhead(self) -> float | None:
         return self.received / self.released if self.released else None
+
+
+def _anonymous_id(front: int) -> str:
+    """A fresh anonymous producer id (a random 128-bit token) for pushes to ``front``; its sequences start at 0."""
+    return f"{ANONYMOUS}{uuid.uuid4().hex}-{front}"
 
 
 @dataclass
@@ -673,7 +680,14 @@ class AsyncClient:
                 self._round_robin += 1
                 lane = self._lane(front)
                 async with lane.held():
-                    response = await self._push_chunk(chunk, start, front, lane.producer)
+                    try:
+                        response = await self._push_chunk(chunk, start, front, lane.producer)
+                    except BaseException:
+                        # The front may have admitted the chunk after all (a lost reply, a cancelled call): the next
+                        # push on this lane, maybe another caller's waiting for it, must not reuse its sequences.
+                        self._sequences.pop(lane.producer, None)
+                        lane.producer = _anonymous_id(front)
+                        raise
             duplicates += sum(1 for admitted in response.admitted if not admitted)
             times.extend(GlobalTime(t.ts, t.front) for t in response.times)
         return PushResult(events=len(encoded), duplicates=duplicates, times=tuple(times))
@@ -692,7 +706,7 @@ class AsyncClient:
         if idle is not None:
             return idle
         if len(lanes) < LANES:
-            lanes.append(_Lane(f"{ANONYMOUS}{uuid.uuid4().hex}-{front}"))
+            lanes.append(_Lane(_anonymous_id(front)))
             return lanes[-1]
         return min(lanes, key=lambda lane: lane.users)
 

@@ -609,6 +609,22 @@ class ClusterStore:
         with contextlib.suppress(NoNodeError):  # another worker of the tick was first
             self._zk.delete(f"{self._snapshots_path(tick)}/{_check_name('boundary', boundary)}", recursive=True)
 
+    def legacy_offsets(self, topic: str, partition: int) -> dict[str, int]:
+        """Group -> offset committed as ``offsets/<group>/<topic>/<partition>``, where consumer offsets lived until
+        they moved beside the topic: a barrier adopts them once, so the groups of an upgraded cluster resume where
+        they were rather than read the topic again from 0.  Unreadable values are left out."""
+        found: dict[str, int] = {}
+        try:
+            groups = self._zk.get_children(f"{self.base}/offsets")
+        except NoNodeError:
+            return found
+        for group in sorted(groups):
+            with contextlib.suppress(NoNodeError, ValueError):
+                data, _ = self._zk.get(f"{self.base}/offsets/{group}/{_check_name('topic', topic)}/"
+                                       f"{_check_count('partition', partition)}")
+                found[group] = int(data)
+        return found
+
     # -- paths ---------------------------------------------------------------
 
     def _role_path(self, role: str) -> str:

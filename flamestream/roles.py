@@ -13,6 +13,7 @@ source of global times.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -190,7 +191,8 @@ async def serve(args: argparse.Namespace) -> int:
                                           max_in_flight=args.max_in_flight_events,
                                           pace_pushes=not args.send_at_once))
     if args.barrier:
-        roles.append(BarrierRole(args.data_dir, args.barrier, args.release == "on-arrival"))
+        roles.append(BarrierRole(args.data_dir, args.barrier, args.release == "on-arrival",
+                                 functools.partial(store.legacy_offsets, "output")))
     node = Node(node_name(args), roles, store, local, host=args.host, port=args.port, frames_port=args.frames_port,
                 data_dir=args.data_dir, credentials=credentials, stream_timeout=args.stream_timeout)
     return await node.run()

@@ -21,10 +21,12 @@ from typing import Any
 import grpc
 import pytest
 
+from flamestream.cluster import ClusterStore
 from flamestream.core import payload as payloads
 from flamestream.core.item import Item
 from flamestream.core.meta import GlobalTime
 from flamestream.runtime.frames import FrameServer
+from flamestream.storage.offsets import OFFSETS_FILE
 from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as pb_grpc
@@ -313,10 +315,19 @@ def test_topic_survives_a_restart(zookeeper: str, cluster_name: str, tmp_path: P
             deliver(stub, batch(BATCH1, {}))
             acker.push(GlobalTime(25, 0))
             assert [r[3] for r in records(subscribe(stub, 0, 0), 2)] == ["b1", "late"]
+            stub.Commit(pb.CommitRequest(group="readers", partition=0, offset=2), timeout=RPC_TIMEOUT)
+        # Partition 1 as a cluster from before the offsets moved out of ZooKeeper left it: no offsets file, and a
+        # group's offset in ZooKeeper (past the partition's end).  Partition 0's file wins over ZooKeeper.
+        (data / "topic" / "1" / OFFSETS_FILE).unlink()
+        with ClusterStore(zookeeper, cluster=cluster_name) as store:
+            for group, partition, offset in (("old", 1, b"7"), ("readers", 0, b"0")):
+                store._zk.create(f"{store.base}/offsets/{group}/output/{partition}", offset, makepath=True)
         with barrier_process(zookeeper, cluster_name, data, tmp_path / "second.err") as (barrier, stub):
-            # Readable before any tick reaches the new process.
+            # Readable before any tick reaches the new process, and so are the committed offsets.
             assert records(subscribe(stub, 0, 0), 2) == [(0, 0, G10, "b1"), (0, 1, G20, "late")]
             assert records(subscribe(stub, 1, 0), 1) == [(1, 0, G11, "x")]
+            assert [stub.Committed(pb.CommittedRequest(group=group, partition=partition), timeout=RPC_TIMEOUT).offset
+                    for group, partition in (("readers", 0), ("old", 1), ("old", 0))] == [2, 1, 0]
             # A restarted process does not take its predecessor's tick over: it waits for a newer one (what a
             # recovery publishes), and so does a delivery of that tick, which the tick cannot empty its buffer of.
             with futures.ThreadPoolExecutor(1) as pool:

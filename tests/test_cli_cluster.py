@@ -485,6 +485,24 @@ def test_concurrent_anonymous_pushes_are_all_admitted(
             list(range(sum(1 for p, _s, _e in front.log if p == producer)))
 
 
+def test_an_anonymous_push_after_a_failed_one_is_admitted(
+        servers: AioServers, store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
+    """The failed push was admitted (its reply lost, no retries left): the next push on its lane, which reused its
+    sequences, was taken for its retry and dropped; the lane now takes a new id."""
+    front = FakeFront(0, faults=["lost"])
+    add_front(servers, store, front)
+
+    async def scenario() -> None:
+        async with AsyncClient(zookeeper, cluster_name, retries=0) as client:
+            with pytest.raises(ClientError):
+                await client.push(["lost reply"])
+            assert (await client.push(["next"])).duplicates == 0
+
+    asyncio.run(scenario())
+    assert [payload for _producer, _sequence, payload in front.log] == ["lost reply", "next"]
+    assert len({producer for producer, _sequence, _payload in front.log}) == 2
+
+
 def test_deploy_publishes_a_tick_of_the_registered_members(
         servers: AioServers, store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
     store.register("acker", "acker", {"address": "10.0.0.1:1"})

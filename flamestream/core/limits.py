@@ -35,8 +35,8 @@ RESERVED_PREFIX: Final = "~"
 """Producer ids starting with this are internal: the SDK's anonymous ids (``client.ANONYMOUS``)."""
 
 ANONYMOUS_ID: Final = re.compile(r"~anon-[0-9a-f]{32}-[0-9]{1,10}")
-"""The only reserved producer ids a front accepts: the SDK's anonymous ids, a random 128-bit token per client
-(plus the front id).  Any other ``~`` id is refused, so a caller cannot pick an id in the SDK's namespace by
+"""The only reserved producer ids a front accepts: the SDK's anonymous ids, a random 128-bit token per lane of a
+client (plus the front id).  Any other ``~`` id is refused, so a caller cannot pick an id in the SDK's namespace by
 accident, and it cannot take another client's without knowing that client's secret token."""
 
 RETRY_HINT: Final = "(transient: retry after a backoff)"
@@ -142,7 +142,8 @@ def sequence_fault(sequence: int) -> str | None:
 
 def group_fault(group: object) -> str | None:
     """Why ``group`` cannot be a consumer-group name, or None: 1..256 bytes of letters, digits and ``._:@+=-``,
-    not ``.`` or ``..`` (it is a ZooKeeper path component).  Any object: the SDK passes whatever its caller gave,
+    not ``.`` or ``..`` (it was a ZooKeeper path component, and a name in the barrier's offsets file is rewritten
+    with every commit).  Any object: the SDK passes whatever its caller gave,
     which must be refused with this message (compiled, a ``str`` parameter would raise ``TypeError`` instead)."""
     if not isinstance(group, str) or not group:
         return "consumer group must be a non-empty string"

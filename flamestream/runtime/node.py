@@ -167,7 +167,7 @@ class Node:
         """Serve, register every role in ZooKeeper, start following ticks; returns the advertised address."""
         if not self.roles:
             raise ValueError("a node needs at least one role (--worker, --front, --barrier or --acker)")
-        # The session first: a barrier's offset RPCs use it as soon as the server answers.
+        # The session first: a barrier adopts the offsets its partitions kept in ZooKeeper in ``register``.
         await asyncio.to_thread(self.store.start)
         for role in self.roles:
             role.register(self.server, self.local)

@@ -68,8 +68,10 @@ class StandaloneCluster:
             try:
                 if any(w.get("state") == "ALIVE" for w in self.status().get("workers", [])):
                     return self.url
-            except OSError:
-                pass  # the master's UI is not up yet
+            except (OSError, ValueError):
+                # The master's UI is not up yet, or half up: its main page once answered /json (HTML, in CI), as
+                # Jetty already served while the UI's handlers were still being attached.
+                pass
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"no worker registered with {self.url} within {timeout:g}s; see {self.directory}/*.log")

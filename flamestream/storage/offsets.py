@@ -12,12 +12,16 @@ so nothing else needs to reach them.
 The whole map is rewritten per commit (``write_durably``: a temporary file,
 fsync, rename), so the file always holds one complete map: a crash leaves the
 old one or the new one.  A partition takes at most ``MAX_GROUPS`` groups, which
-bounds what a commit writes.
+bounds what a commit writes.  A file damaged from outside (an edit, a bad
+disk) is moved aside rather than refused: refusing would stop the node with
+its front, worker and acker over resume points, and restart it into the same
+refusal; its groups resume from offset 0 instead (read again, not lost).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -25,6 +29,9 @@ from flamestream.storage.log import LogError, write_durably
 
 OFFSETS_FILE = "offsets.json"
 """In the partition's log directory (the log reads only its own file names there)."""
+
+DAMAGED_FILE = OFFSETS_FILE + ".damaged"
+"""Where a damaged offsets file is moved at opening (the last one only), for its owner to look at."""
 
 MAX_GROUPS = 1000
 """Consumer groups a partition keeps offsets for: each commit rewrites all of them (about 300 bytes each at most)."""
@@ -39,10 +46,31 @@ class CommittedOffsets:
 
     def __init__(self, directory: Path) -> None:
         self._path = directory / OFFSETS_FILE
-        self._offsets = _load(self._path)
+        self.damaged: str | None = None
+        """Why the file was moved aside to ``DAMAGED_FILE`` at opening (None: it was fine, or absent)."""
+        try:
+            self._offsets = _load(self._path)
+        except LogError as exc:
+            os.replace(self._path, directory / DAMAGED_FILE)
+            self.damaged, self._offsets = str(exc), {}
         self._lock = threading.Lock()
         """Commits run in threads: one writer at a time shares the temporary file, and the file ends with the map
         of the commit that finished last."""
+
+    @property
+    def stored(self) -> bool:
+        """Whether the offsets file exists (a commit or an adoption wrote it)."""
+        return self._path.exists()
+
+    def adopt(self, offsets: dict[str, int]) -> None:
+        """Start from ``offsets`` (group names already checked), the first ``MAX_GROUPS`` by name: written even when
+        empty, so it is done once."""
+        kept = dict(sorted(offsets.items())[:MAX_GROUPS])
+        if any(offset < 0 for offset in kept.values()):
+            raise ValueError("offsets must be non-negative")
+        with self._lock:
+            write_durably(self._path, json.dumps(kept, sort_keys=True, ensure_ascii=False).encode())
+            self._offsets = kept
 
     def get(self, group: str) -> int | None:
         """The last committed offset, or None if ``group`` never committed here."""
