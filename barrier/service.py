@@ -522,6 +522,8 @@ class BarrierService(pb_grpc.BarrierServicer):
                                                              request.group, request.offset)
         except TooManyGroups as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except RuntimeError:  # the writer is shut down: the barrier is stopping (the SDK retries UNAVAILABLE)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "barrier is shutting down")
         except OSError as exc:  # the old offsets file is intact (see write_durably)
             partition.logger.warning("committing offset %d of group %r failed: %s", request.offset, request.group,
                                      exc)

@@ -9,12 +9,15 @@ import asyncio
 import errno
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
+import grpc
 import pytest
 
 from flamestream.barrier.service import BarrierService, _Partition
 from flamestream.core.meta import GlobalTime
 from flamestream.runtime.channels import LocalEndpoints
+from flamestream.runtime.hosting import LocalAbort, LocalContext
 from flamestream.wire import flamestream_pb2 as pb
 
 
@@ -84,5 +87,23 @@ def test_what_fails_at_once_is_appended_by_the_task_before_anything_later(tmp_pa
         service._stopping = True
         service._min_changed.set()
         await releasing
+
+    asyncio.run(scenario())
+
+
+def test_commits_are_stored_until_the_barrier_stops_and_then_refused_as_unavailable(tmp_path: Path) -> None:
+    """A commit that reaches a stopping barrier gets UNAVAILABLE, which the SDK retries: its offsets writer is shut
+    down by then, and the executor's own error would have reached the consumer as UNKNOWN, never retried."""
+    async def scenario() -> None:
+        service, partition = barrier(tmp_path, 1, 2)
+        service._advance(GlobalTime(3, 0))
+        await service.Commit(pb.CommitRequest(group="g", partition=0, offset=2), cast(Any, LocalContext()))
+        assert (await service.Committed(pb.CommittedRequest(group="g", partition=0), cast(Any, LocalContext()))
+                ).offset == 2
+        await service.shutdown()
+        with pytest.raises(LocalAbort) as refused:
+            await service.Commit(pb.CommitRequest(group="g", partition=0, offset=1), cast(Any, LocalContext()))
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        assert partition.offsets.get("g") == 2
 
     asyncio.run(scenario())
