@@ -69,8 +69,7 @@ class CommittedOffsets:
         if any(offset < 0 for offset in kept.values()):
             raise ValueError("offsets must be non-negative")
         with self._lock:
-            write_durably(self._path, json.dumps(kept, sort_keys=True, ensure_ascii=False).encode())
-            self._offsets = kept
+            self._replace(kept)
 
     def get(self, group: str) -> int | None:
         """The last committed offset, or None if ``group`` never committed here."""
@@ -87,9 +86,12 @@ class CommittedOffsets:
         with self._lock:
             if group not in self._offsets and len(self._offsets) >= MAX_GROUPS:
                 raise TooManyGroups(f"this partition already holds the offsets of {MAX_GROUPS} consumer groups")
-            offsets = {**self._offsets, group: offset}
-            write_durably(self._path, json.dumps(offsets, sort_keys=True, ensure_ascii=False).encode())
-            self._offsets = offsets
+            self._replace({**self._offsets, group: offset})
+
+    def _replace(self, offsets: dict[str, int]) -> None:
+        """The file, then the map in memory, become ``offsets`` (with ``_lock`` held)."""
+        write_durably(self._path, json.dumps(offsets, sort_keys=True, ensure_ascii=False).encode())
+        self._offsets = offsets
 
 
 def _load(path: Path) -> dict[str, int]:
