@@ -12,11 +12,6 @@ turns over ``--rounds``:
 - *idle*: one message every 10 ms; the one-way latency (the writer's clock in
   the message, the receiver's at the handler: one machine, one clock).
 
-Then what a client's push pays for its answer (``Front.Push`` against the
-SDK's ``Front.PushStream``): ``--messages`` requests one after another, each
-awaiting its answer, as a unary call each (*unary*) and on one open
-stream-stream call (*stream*); the round trip and each side's CPU per request.
-
 Prints one JSON object (medians over the rounds).
 
     python bench/frames.py [--rounds 3] [--messages 20000] [--bytes 2000]
@@ -72,14 +67,6 @@ class Receiver:
         self.cpu += cpu() - started
         return pb.Empty()
 
-    async def Answer(self, request: pb.ItemBatch, context: Any) -> pb.Empty:
-        self.messages += 1
-        return pb.Empty()
-
-    async def Answers(self, requests: AsyncIterator[pb.ItemBatch], context: Any) -> AsyncIterator[pb.Empty]:
-        async for request in requests:
-            yield await self.Answer(request, context)
-
     async def Report(self, request: pb.Empty, context: Any) -> pb.ItemBatch:
         """The figures since the last report (reset): JSON in the items field."""
         answer = {"latencies": sorted(self.latencies), "cpu": self.cpu, "messages": self.messages}
@@ -94,10 +81,6 @@ async def serve(port_file: str) -> None:
     rpc.add_NodeServicer_to_server(NodeServicer(frames), server)  # type: ignore[no-untyped-call]
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("bench.Receiver", {
         "Exchange": grpc.stream_unary_rpc_method_handler(receiver.Exchange, pb.ItemBatch.FromString,
-                                                         pb.Empty.SerializeToString),
-        "Answer": grpc.unary_unary_rpc_method_handler(receiver.Answer, pb.ItemBatch.FromString,
-                                                      pb.Empty.SerializeToString),
-        "Answers": grpc.stream_stream_rpc_method_handler(receiver.Answers, pb.ItemBatch.FromString,
                                                          pb.Empty.SerializeToString),
         "Report": grpc.unary_unary_rpc_method_handler(receiver.Report, pb.Empty.FromString,
                                                       pb.ItemBatch.SerializeToString)})])
@@ -134,28 +117,6 @@ async def run_frames(channel: grpc.aio.Channel, address: str, count: int, gap: f
     await stream.close()
 
 
-async def run_answers(channel: grpc.aio.Channel, count: int, size: int, streamed: bool) -> list[float]:
-    """Round trips of ``count`` requests, each sent once the previous one's answer came."""
-    round_trips = []
-    if streamed:
-        call = channel.stream_stream("/bench.Receiver/Answers", request_serializer=pb.ItemBatch.SerializeToString,
-                                     response_deserializer=pb.Empty.FromString)()
-        for _ in range(count):
-            started = time.perf_counter()
-            await call.write(message(size))
-            await call.read()
-            round_trips.append(time.perf_counter() - started)
-        await call.done_writing()
-    else:
-        answer = channel.unary_unary("/bench.Receiver/Answer", request_serializer=pb.ItemBatch.SerializeToString,
-                                     response_deserializer=pb.Empty.FromString)
-        for _ in range(count):
-            started = time.perf_counter()
-            await answer(message(size))
-            round_trips.append(time.perf_counter() - started)
-    return sorted(round_trips)
-
-
 async def measure(address: str, rounds: int, count: int, size: int) -> dict[str, dict[str, float]]:
     channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
     report = channel.unary_unary("/bench.Receiver/Report", request_serializer=pb.Empty.SerializeToString,
@@ -178,16 +139,6 @@ async def measure(address: str, rounds: int, count: int, size: int) -> dict[str,
                     "writer_us_per_message": 1e6 * writer_cpu / n,
                     "receiver_us_per_message": 1e6 * figures["cpu"] / n,
                     "one_way_p50_ms": 1e3 * latencies[len(latencies) // 2]})
-        for streamed in (turn % 2 == 1, turn % 2 == 0):
-            started = cpu()
-            round_trips = await run_answers(channel, count, size, streamed)
-            writer_cpu = cpu() - started
-            figures = json.loads((await report(pb.Empty())).items)
-            assert figures["messages"] == count, figures["messages"]
-            runs.setdefault(f"push {'stream' if streamed else 'unary'}", []).append({
-                "client_us_per_request": 1e6 * writer_cpu / count,
-                "round_trip_p50_ms": 1e3 * round_trips[count // 2],
-                "round_trip_p99_ms": 1e3 * round_trips[int(count * 0.99)]})
     await channel.close()
     return {key: {name: round(statistics.median(run[name] for run in values), 3) for name in values[0]}
             for key, values in runs.items()}

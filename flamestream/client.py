@@ -79,9 +79,6 @@ retry; 5 s (13 retries) was too little for docker-compose's restarted node."""
 # FAILED_PRECONDITION is what a front answers until it has seen the first tick
 # (right after a deploy); UNAVAILABLE is a member that is restarting or gone, or a restarted front
 # waiting for its recovery tick.
-IDLE_PUSH_CALLS = 8
-"""Open ``PushStream`` calls kept per front for later pushes: one per lane (``LANES``) and a few producers; a push
-that finds none idle opens another, closed after it if this many are idle already."""
 _RETRYABLE = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE})
 
 
@@ -113,11 +110,6 @@ def _check_group(group: str) -> None:
     fault = group_fault(group)
     if fault is not None:
         raise InvalidName(fault)
-
-
-def _call_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """An error of a call the client ended itself, shaped as gRPC's own so ``_retry`` treats both alike."""
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
 def _method(service: str, method: str) -> str:
@@ -358,8 +350,6 @@ class AsyncClient:
         self._round_robin = 0
         self._lanes: dict[int, list[_Lane]] = {}
         """Front -> the anonymous producer ids this client pushes to it under, each one push at a time."""
-        self._push_calls: dict[str, list[tuple[grpc.aio.Channel, grpc.aio.StreamStreamCall[Any, Any]]]] = {}
-        """Front address -> idle ``PushStream`` calls (with the channel they run on), one push each at a time."""
         self._front_ids: list[int] | None = None
         self._followers: set[asyncio.Task[None]] = set()
 
@@ -375,7 +365,6 @@ class AsyncClient:
         for task in followers:
             task.cancel()
         await asyncio.gather(*followers, return_exceptions=True)
-        self._push_calls = {}  # closing their channels ends them
         channels, self._channels = list(self._channels.values()), {}
         for chan in channels:
             await chan.close()
@@ -739,48 +728,10 @@ class AsyncClient:
         return response
 
     async def _push_once(self, request: pb.PushRequest, front: int) -> pb.PushResponse:
-        """One request on an open ``Front.PushStream`` call to ``front`` (a new one if none is idle).
-
-        Why a stream rather than the unary ``Push``: a unary call cost this
-        side ~0.4 ms of CPU and ~0.9 ms round trip on an idle machine, a
-        message each way on an open call ~0.13 / 0.17 ms (README
-        *Performance*).  A call is reused only after a clean answer; one that
-        failed, timed out or was cancelled midway is dropped, since what it
-        would read next is unknown.  Errors are the unary call's: the front
-        ends the call with ``Push``'s status, and the timeout is
-        DEADLINE_EXCEEDED.
-        """
-        address = await self._front_address(front)
-        channel = self._channel(address)
-        idle = self._push_calls.setdefault(address, [])
-        call = None
-        while idle and call is None:
-            opened_on, candidate = idle.pop()
-            if opened_on is channel and not candidate.done():
-                call = candidate
-            else:
-                candidate.cancel()
-        if call is None:
-            call = channel.stream_stream(_method("Front", "PushStream"),
-                                         request_serializer=pb.PushRequest.SerializeToString,
-                                         response_deserializer=pb.PushResponse.FromString)()
-        try:
-            async with asyncio.timeout(self.rpc_timeout):
-                await call.write(request)
-                response = await call.read()
-        except TimeoutError:
-            call.cancel()
-            raise _call_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.rpc_timeout:g}s") from None
-        except BaseException:
-            call.cancel()
-            raise
-        if not isinstance(response, pb.PushResponse):  # grpc.aio.EOF: the front ended the call without an answer
-            raise _call_error(grpc.StatusCode.UNAVAILABLE, f"front {front} ended the push stream")
-        if len(idle) < IDLE_PUSH_CALLS:
-            idle.append((channel, call))
-        else:
-            call.cancel()
-        return response
+        call = self._channel(await self._front_address(front)).unary_unary(_method("Front", "Push"),
+                                                  request_serializer=pb.PushRequest.SerializeToString,
+                                                  response_deserializer=pb.PushResponse.FromString)
+        return await call(request, timeout=self.rpc_timeout)
 
     async def barrier_stats(self) -> BarrierStats:
         """Counters of every barrier since it started, summed: replay overhead = received / released."""

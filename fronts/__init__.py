@@ -2,8 +2,7 @@
 
 ``flamestream node --zookeeper HOST:PORT --front F --data-dir DIR`` hosts front
 F (``FrontRole`` in ``service.py``), alongside whatever other roles the node
-has.  Clients call ``Front.Push`` (or ``Front.PushStream``, one long-lived call for many
-requests: the SDK's way in); for each batch of events the front
+has.  Clients call ``Front.Push``; for each batch of events the front
 
 1. validates the whole request (size, JSON payload, the entry operation's
    balancing function) so a bad event admits nothing;

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -288,8 +288,6 @@ class FrontService(rpc.FrontServicer):
         self._known = -1
         """The newest tick number taken (ticks arrive from the node and from the lease's reads)."""
         self._lock = asyncio.Lock()
-        self._push_calls: set[asyncio.Future[None]] = set()
-        """The tasks serving ``PushStream`` calls: held here, since the event loop keeps only weak references."""
         """Orders pushes and reports: a report is written after the acks of everything stamped before it."""
         self.lease = (StampingLease(store, front_id, lambda: self._clock.next_ts(_now_ms()), lambda: self._known,
                                     self.deploy, self._lock) if store is not None else None)
@@ -534,64 +532,13 @@ class FrontService(rpc.FrontServicer):
 
     async def Push(self, request: pb.PushRequest,
                    context: grpc.aio.ServicerContext[pb.PushRequest, pb.PushResponse]) -> pb.PushResponse:
-        refused = self._budget(request) or await self._wait_for_credit(len(request.events))
         # Shielded: gRPC cancels the handler when the client gives up, but an admission that has begun must finish,
         # or the log, the acker and the workers would disagree (and the log could get two writers at once).
+        refused = self._budget(request) or await self._wait_for_credit(len(request.events))
         outcome = refused if refused is not None else await asyncio.shield(self._push(request))
         if isinstance(outcome, _Rejected):
             await context.abort(outcome.code, outcome.message)
         return outcome
-
-    async def PushStream(self, requests: AsyncIterator[pb.PushRequest],
-                         context: grpc.aio.ServicerContext[pb.PushRequest, pb.PushResponse]) -> None:
-        """``Push`` for each request of one long-lived call, answered in order.
-
-        Why: a grpc.aio unary call cost the SDK ~0.4 ms of CPU and ~0.9 ms
-        round trip on an idle machine, against ~0.13 ms and ~0.17 ms for a
-        message each way on an open stream (README *Performance*), and a
-        pusher that awaits each push waits that long between them.  A refused
-        request ends the call with the status ``Push`` would have answered, so
-        the SDK's retry rules are the same for both.
-
-        The call is served on a task of its own rather than on gRPC's handler
-        task, which gRPC cancels when the client goes away: an admission that
-        has begun must finish (``Push``), and shielding each one put a
-        wake-up of the handler after it, 0.6 ms at the median on a busy node.
-        """
-        serving = asyncio.ensure_future(self._serve_pushes(requests, context))
-        self._push_calls.add(serving)
-        serving.add_done_callback(functools.partial(self._served, context))
-        await asyncio.shield(serving)
-
-    async def _serve_pushes(self, requests: AsyncIterator[pb.PushRequest],
-                            context: grpc.aio.ServicerContext[pb.PushRequest, pb.PushResponse]) -> None:
-        while True:
-            try:
-                request = await anext(requests)
-            except StopAsyncIteration:  # the client is done
-                return
-            except grpc.aio.AbortError:  # a request that does not parse ended the call with INVALID_ARGUMENT
-                raise
-            except Exception:  # the call ended under the read: the client cancelled it, or its connection broke
-                return
-            refused = self._budget(request) or await self._wait_for_credit(len(request.events))
-            if refused is None and context.cancelled():
-                return  # the client gave up while the request waited for credit, as a cancelled Push would
-            outcome = refused if refused is not None else await self._push(request)
-            if isinstance(outcome, _Rejected):
-                await context.abort(outcome.code, outcome.message)
-            try:
-                await context.write(outcome)
-            except Exception:  # as above: the client left during the admission, which stays done
-                return
-
-    def _served(self, context: grpc.aio.ServicerContext[Any, Any], serving: asyncio.Future[None]) -> None:
-        """Forget a ``PushStream`` call's task; a failure after its client left (no handler re-raises it) is logged
-        here rather than lost (a refusal no one hears is not a failure)."""
-        self._push_calls.discard(serving)
-        failure = None if serving.cancelled() else serving.exception()
-        if failure is not None and context.cancelled() and not isinstance(failure, grpc.aio.AbortError):
-            self.logger.error("a push stream failed after its client left", exc_info=failure)
 
     async def _push(self, request: pb.PushRequest) -> pb.PushResponse | _Rejected:
         deadline = time.monotonic() + LEASE_WAIT

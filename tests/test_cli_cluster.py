@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,6 @@ class FakeFront(rpc.FrontServicer):
         self.log: list[tuple[str, int, Any]] = []
         self.last: dict[str, int] = {}
         self.times: dict[tuple[str, int], GlobalTime] = {}
-        self.streams = 0
-        """``PushStream`` calls opened."""
 
     async def Push(self, request: pb.PushRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.PushResponse:
         self.calls.append([(e.producer, e.sequence, json.loads(e.payload)) for e in request.events])
@@ -153,13 +151,6 @@ class FakeFront(rpc.FrontServicer):
         if fault == "lost":
             await context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost after admission")
         return response
-
-    async def PushStream(self, requests: AsyncIterator[pb.PushRequest],
-                         context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[pb.PushResponse]:
-        """The SDK's way in: each request served as ``Push`` serves it; a fault ends the call as it ends Push's."""
-        self.streams += 1
-        async for request in requests:
-            yield await self.Push(request, context)
 
 
 class FakeBarrier(rpc.BarrierServicer):
@@ -342,7 +333,6 @@ def test_producer_sequences_continue_across_pushes_and_retries_reuse_them(
     assert [payload for _, _, payload in front.log] == [*payloads, "tail"]  # each event admitted once
     assert (result.events, result.duplicates, more.events) == (PUSH_BATCH + 20, PUSH_BATCH, 1)
     assert result.times[0] == GlobalTime(1000, 0) and more.times == (GlobalTime(1000 + PUSH_BATCH + 20, 0),)
-    assert front.streams == 3, "a failed call is replaced, a healthy one carries the next pushes"
 
 
 def test_a_new_client_with_the_same_producer_pushes_nothing_twice(

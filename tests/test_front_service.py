@@ -438,50 +438,6 @@ def test_rejected_requests_admit_nothing_and_the_front_keeps_serving(
 
 
 @slow
-def test_a_push_stream_answers_in_order_and_ends_with_pushs_status_on_a_refusal(
-        zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
-    """``PushStream`` (the SDK's way in) admits as ``Push`` does, request by request on one call; a refused request
-    ends the call with Push's status and admits nothing; a call the client cancels admits its request once or not
-    at all, never half of it."""
-    async def scenario() -> None:
-        async with stand_ins() as cluster, front(zookeeper, cluster_name, tmp_path) as (_, stub):
-            await publish(zookeeper, cluster_name, cluster.tick(routed_graph(), 0))
-            await push_once_deployed(stub, [event("warm up")])
-
-            call = stub.PushStream(timeout=WAIT)
-            await call.write(pb.PushRequest(events=[event("a", "p", 1), event("b", "p", 2)]))
-            first = await call.read()
-            await call.write(pb.PushRequest(events=[event("b", "p", 2), event("c", "p", 3)]))
-            second = await call.read()
-            assert list(first.admitted) == [True, True] and list(second.admitted) == [False, True]
-            assert times(second)[0] == times(first)[1] < times(second)[1]
-            await call.write(pb.PushRequest(events=[event("fine", "p", 4), pb.Event(payload=b"{not json")]))
-            error = await rejected(call.read())
-            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert (error.details() or "").startswith("event 1: payload is not valid JSON")
-
-            def words(n: int) -> list[str]:
-                return [f"w{n}.{i}" for i in range(300)]
-
-            for n in range(10):  # cancelled at different points of its admission
-                batch = [event(word, f"q{n}", i) for i, word in enumerate(words(n))]
-                call = stub.PushStream(timeout=WAIT)
-                await call.write(pb.PushRequest(events=batch))
-                await asyncio.sleep(0.001 * (n % 4))
-                call.cancel()
-                retry = await push(stub, batch)
-                assert len(set(retry.admitted)) == 1, "a cancelled push was admitted in part"
-
-            cancelled = [word for n in range(10) for word in words(n)]
-            assert [r["payload"] for r in log_records(tmp_path)] == ["warm up", "a", "b", "c", *cancelled]
-            await eventually(lambda: sum(len(w.envelopes()) for w in cluster.workers) == 4 + len(cancelled),
-                             "the admitted events")
-            await eventually(lambda: not cluster.balance(), "acks to cancel")
-
-    asyncio.run(scenario())
-
-
-@slow
 def test_retries_are_admitted_once_also_across_a_restart(zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with stand_ins() as cluster:

@@ -34,7 +34,7 @@ def test_generated_stubs_are_current(tmp_path: Path) -> None:
 def test_services_expose_the_contract() -> None:
     services = {s.name: [m.name for m in s.methods] for s in flamestream_pb2.DESCRIPTOR.services_by_name.values()}
     assert services == {
-        "Front": ["Push", "PushStream"],
+        "Front": ["Push"],
         "Worker": ["Exchange"],
         "Acker": ["Ack", "WatchMinTime"],
         "Barrier": ["Deliver", "Subscribe", "Commit", "Committed", "Stats"],

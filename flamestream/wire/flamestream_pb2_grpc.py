@@ -39,11 +39,6 @@ class FrontStub:
                 request_serializer=flamestream_dot_wire_dot_flamestream__pb2.PushRequest.SerializeToString,
                 response_deserializer=flamestream_dot_wire_dot_flamestream__pb2.PushResponse.FromString,
                 _registered_method=True)
-        self.PushStream = channel.stream_stream(
-                '/flamestream.Front/PushStream',
-                request_serializer=flamestream_dot_wire_dot_flamestream__pb2.PushRequest.SerializeToString,
-                response_deserializer=flamestream_dot_wire_dot_flamestream__pb2.PushResponse.FromString,
-                _registered_method=True)
 
 
 class FrontServicer:
@@ -57,24 +52,11 @@ class FrontServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PushStream(self, request_iterator, context):
-        """The same admission, one response per request and in order, on one long-lived call: a unary call costs each
-        end several times a stream message's CPU. A refused request ends the call with Push's status.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_FrontServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.unary_unary_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=flamestream_dot_wire_dot_flamestream__pb2.PushRequest.FromString,
-                    response_serializer=flamestream_dot_wire_dot_flamestream__pb2.PushResponse.SerializeToString,
-            ),
-            'PushStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.PushStream,
                     request_deserializer=flamestream_dot_wire_dot_flamestream__pb2.PushRequest.FromString,
                     response_serializer=flamestream_dot_wire_dot_flamestream__pb2.PushResponse.SerializeToString,
             ),
@@ -104,33 +86,6 @@ class Front:
             request,
             target,
             '/flamestream.Front/Push',
-            flamestream_dot_wire_dot_flamestream__pb2.PushRequest.SerializeToString,
-            flamestream_dot_wire_dot_flamestream__pb2.PushResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PushStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/flamestream.Front/PushStream',
             flamestream_dot_wire_dot_flamestream__pb2.PushRequest.SerializeToString,
             flamestream_dot_wire_dot_flamestream__pb2.PushResponse.FromString,
             options,

@@ -71,7 +71,6 @@ CLIENT_NAME = "client"
 
 PUBLIC_METHODS = {
     "/flamestream.Front/Push": PUSH,
-    "/flamestream.Front/PushStream": PUSH,
     "/flamestream.Barrier/Subscribe": CONSUME,
     "/flamestream.Barrier/Commit": CONSUME,
     "/flamestream.Barrier/Committed": CONSUME,
