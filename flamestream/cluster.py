@@ -614,14 +614,14 @@ class ClusterStore:
         they moved beside the topic: a barrier adopts them once, so the groups of an upgraded cluster resume where
         they were rather than read the topic again from 0.  Unreadable values are left out."""
         found: dict[str, int] = {}
+        within = f"{_check_name('topic', topic)}/{_check_count('partition', partition)}"
         try:
             groups = self._zk.get_children(f"{self.base}/offsets")
         except NoNodeError:
             return found
         for group in sorted(groups):
-            with contextlib.suppress(NoNodeError, ValueError):
-                data, _ = self._zk.get(f"{self.base}/offsets/{group}/{_check_name('topic', topic)}/"
-                                       f"{_check_count('partition', partition)}")
+            with contextlib.suppress(NoNodeError, ValueError):  # ValueError: a value that is no integer
+                data, _ = self._zk.get(f"{self.base}/offsets/{group}/{within}")
                 found[group] = int(data)
         return found
 
