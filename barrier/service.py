@@ -43,7 +43,7 @@ from flamestream.core.meta import GlobalTime
 from flamestream.core.tick import Tick
 from flamestream.runtime import hosting
 from flamestream.runtime.appends import Appends
-from flamestream.runtime.channels import Channels, LocalEndpoints
+from flamestream.runtime.channels import Channels, LocalEndpoints, LocalItems
 from flamestream.runtime.logs import role_logger
 from flamestream.runtime.supervision import Supervisor
 from flamestream.runtime.tick_gate import TickGate
@@ -412,15 +412,18 @@ class BarrierService(pb_grpc.BarrierServicer):
 
     # -- RPCs --------------------------------------------------------------------
 
-    async def Deliver(self, request_iterator: AsyncIterator[pb.ItemBatch], context: Context) -> pb.Empty:
+    async def Deliver(self, request_iterator: AsyncIterator[pb.ItemBatch | LocalItems], context: Context) -> pb.Empty:
         async for batch in request_iterator:
-            # Decoding builds plain values only and refuses anything else (codec), so neither a crafted batch nor
-            # garbage can do more than end its own call; checked before the tick is needed, so garbage is
-            # refused at once.
-            try:
-                items, acks = codec.decode_items(batch)
-            except codec.BatchError as exc:
-                await self._refuse(context, batch, str(exc))
+            if isinstance(batch, LocalItems):  # from this node's own worker: its records as they are
+                items, acks = batch.items, batch.acks
+            else:
+                # Decoding builds plain values only and refuses anything else (codec), so neither a crafted batch
+                # nor garbage can do more than end its own call; checked before the tick is needed, so garbage is
+                # refused at once.
+                try:
+                    items, acks = codec.decode_items(batch)
+                except codec.BatchError as exc:
+                    await self._refuse(context, batch, str(exc))
             problem = self._check_items(items)
             if problem is not None:
                 await self._refuse(context, batch, problem)
@@ -460,10 +463,11 @@ class BarrierService(pb_grpc.BarrierServicer):
                     f"(it owns {sorted(self._partitions)})")
         return None
 
-    async def _refuse(self, context: Context, batch: pb.ItemBatch, problem: str) -> NoReturn:
+    async def _refuse(self, context: Context, batch: pb.ItemBatch | LocalItems, problem: str) -> NoReturn:
         """End the call with INVALID_ARGUMENT, and say so in the log: the sender is a buggy or hostile member."""
         peer = getattr(context, "peer", None)  # an in-process stream's LocalContext has none
-        role_logger(self.name).warning("refused a batch of %d bytes from %s (sender %d): %s", len(batch.items),
+        size = f"{len(batch.items)} items" if isinstance(batch, LocalItems) else f"{len(batch.items)} bytes"
+        role_logger(self.name).warning("refused a batch of %s from %s (sender %d): %s", size,
                                        str(peer()) if peer is not None else "this node", batch.sender, problem)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} refused the batch: {problem}")
 

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import grpc
 import pytest
+from grpc_health.v1 import health
 
 from flamestream.barrier.service import BarrierService, _Partition
 from flamestream.core.meta import GlobalTime
-from flamestream.runtime.channels import LocalEndpoints
+from flamestream.core.tick import Layout, Tick
+from flamestream.runtime.channels import Channels, LocalEndpoints, LocalItems
 from flamestream.runtime.hosting import LocalAbort, LocalContext
+from flamestream.runtime.supervision import Supervisor
+from flamestream.wire import codec
 from flamestream.wire import flamestream_pb2 as pb
+from flamestream.wire.transport import ACK, DELIVER
 
 
 def record(ts: int) -> bytes:
@@ -107,3 +112,56 @@ def test_commits_are_stored_until_the_barrier_stops_and_then_refused_as_unavaila
         assert partition.offsets.get("g") == 2
 
     asyncio.run(scenario())
+
+
+class Acker:
+    """The acker of the node the barrier runs on: records the receipt acks, publishes the min times it is given."""
+
+    def __init__(self) -> None:
+        self.acks: asyncio.Queue[dict[GlobalTime, int]] = asyncio.Queue()
+        self.min_times: asyncio.Queue[GlobalTime] = asyncio.Queue()
+
+    async def Ack(self, request_iterator: Any, context: Any) -> pb.Empty:
+        async for batch in request_iterator:
+            self.acks.put_nowait(codec.acks_of(batch.acks))
+        return pb.Empty()
+
+    async def WatchMinTime(self, request: pb.Empty, context: Any) -> AsyncGenerator[pb.GlobalTime, None]:
+        while True:
+            min_time = await self.min_times.get()
+            yield pb.GlobalTime(ts=min_time.ts, front=min_time.front)
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["local-items", "item-batch"])
+def test_a_worker_of_the_barriers_own_node_hands_its_records_over_as_they_are(tmp_path: Path, local: bool) -> None:
+    """``LocalItems`` (what a worker of the same node sends, not encoded) and the ``ItemBatch`` a worker of another
+    node sends give the barrier the same records and acks, and the topic the same appends."""
+    here = "127.0.0.1:1"
+
+    async def scenario() -> list[bytes]:
+        endpoints = LocalEndpoints(here)
+        acker = Acker()
+        endpoints.streams[ACK] = acker.Ack
+        endpoints.min_time = acker.WatchMinTime
+        partition = _Partition(0, tmp_path / "topic-0")
+        service = BarrierService({0: partition}, endpoints)
+        endpoints.streams[DELIVER] = service.Deliver
+        service.supervisor = Supervisor(health.aio.HealthServicer())
+        await service.deploy(Tick(number=3, start=GlobalTime(0, 0), graph={}, layout=Layout.even(1), fronts=(0,),
+                                  acker=here, barriers=((0, here),)))
+        records = codec.to_records([({"n": ts}, GlobalTime(ts, 0), (0, i), False) for i, ts in enumerate((1, 2, 2, 5))])
+        sent = {GlobalTime(1, 0): 11, GlobalTime(2, 0): 22, GlobalTime(5, 0): 55}
+        worker = Channels(endpoints)
+        assert worker.is_local(here, DELIVER) and not worker.is_local("127.0.0.1:2", DELIVER)
+        await worker.write(here, DELIVER, LocalItems(records, sent, 0, 3) if local
+                           else codec.encode_batch(records, sent, 0, 3))
+        async with asyncio.timeout(10):
+            assert await acker.acks.get() == sent  # inserted: its receipt acks go on to the acker
+            acker.min_times.put_nowait(GlobalTime(5, 0))
+            while partition.end < 3:
+                await asyncio.sleep(0.01)
+        await worker.close()
+        return topic(partition)
+
+    appended = asyncio.run(scenario())
+    assert [pb.Record.FromString(data).payload for data in appended] == [b'{"n":1}', b'{"n":2}', b'{"n":2}']

@@ -44,7 +44,7 @@ from flamestream.core.meta import GlobalTime, boundary_name, boundary_of
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout, Tick
 from flamestream.core.worker import Worker, WorkerState, front_envelopes, merge_states
-from flamestream.runtime.channels import Channels, LocalEndpoints
+from flamestream.runtime.channels import Channels, LocalEndpoints, LocalItems
 from flamestream.runtime.heap import loading_state
 from flamestream.runtime.hosting import StreamBroken
 from flamestream.runtime.logs import role_logger
@@ -730,7 +730,16 @@ class WorkerService(rpc.WorkerServicer):
         something other than a plain value, say a namedtuple) goes to the
         barrier as its item's dead letter instead: a batch that cannot be
         written must not stop the worker, and its items' acks must still flow.
+
+        Records for this node's own barrier go in one ``LocalItems``, neither encoded nor chunked: a piece of
+        the core's output holds about ``batch_items`` items already (``Worker.run``'s flush).
         """
+        if method == transport.DELIVER and deployment.streams.is_local(address, method):
+            sent = codec.new_acks({gt_of(e) for e in entries})
+            codec.xor_into(acks, sent)
+            await deployment.streams.write(address, method, LocalItems(entries, sent, self.index,
+                                                                       deployment.tick.number))
+            return
         for start in range(0, len(entries), self.batch_items):
             chunk = entries[start:start + self.batch_items]
             sent = codec.new_acks({gt_of(e) for e in chunk})

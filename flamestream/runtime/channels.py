@@ -14,7 +14,8 @@ and the event-loop work on both ends.  Everything else between members (the
 acker's min-time stream, the clients' RPCs) is gRPC.
 
 Messages handed over in-process are shared, not copied: senders build a new
-message for every write and never touch it afterwards.
+message for every write and never touch it afterwards.  A worker's items for
+its own node's barrier go as they are, not as a message (``LocalItems``).
 
 A broken stream, either way, raises ``StreamBroken`` naming the peer — also
 the acker's min-time stream — so the supervisor can tell a lost peer from a
@@ -28,11 +29,14 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
+from flamestream.core.item import Item
+from flamestream.core.meta import GlobalTime
 from flamestream.runtime.frames import FrameStream
 from flamestream.runtime.hosting import CLOSE_TIMEOUT, LocalContext, StreamBroken, StreamHandler, describe
 from flamestream.wire import flamestream_pb2 as pb
@@ -68,6 +72,25 @@ class LocalEndpoints:
 
     def serves(self, address: str, method: str) -> StreamHandler | None:
         return self.streams.get(method) if address == self.address else None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalItems:
+    """What an ``ItemBatch`` to a barrier carries, handed to the barrier of the sender's own node as it is.
+
+    Why: every batch a worker sent its own node's barrier was encoded into
+    an ``ItemBatch`` (``codec.encode_batch``) and decoded again at once
+    (``codec.decode_items``, with the checks a batch from the network
+    needs): the issue's "barrier that re-parses what a worker already
+    encoded".  Only this process builds one; nothing from the network can
+    become one (frames and gRPC decode to ``ItemBatch``).
+    """
+
+    items: list[Item]
+    """Released records as ``codec.to_records`` makes them: what ``decode_items`` would give back."""
+    acks: dict[GlobalTime, int]
+    sender: int
+    tick: int
 
 
 _END = object()
@@ -210,8 +233,13 @@ class Channels:
             self._streams[(address, method)] = stream
         return stream
 
-    async def write(self, address: str, method: str, message: Message) -> None:
+    async def write(self, address: str, method: str, message: Message | LocalItems) -> None:
+        """Write ``message`` to ``method`` at ``address``: a ``LocalItems`` only where ``is_local`` says so."""
         await self.stream(address, method).write(message)
+
+    def is_local(self, address: str, method: str) -> bool:
+        """Whether ``method`` at ``address`` is served by this node, in-process (a ``LocalStream``)."""
+        return self._local.serves(address, method) is not None
 
     def watch_min_time(self, acker: str) -> AsyncIterator[pb.GlobalTime]:
         """The acker's min-time stream: the acker's own generator when it runs on this node."""
