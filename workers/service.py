@@ -731,29 +731,28 @@ class WorkerService(rpc.WorkerServicer):
         barrier as its item's dead letter instead: a batch that cannot be
         written must not stop the worker, and its items' acks must still flow.
 
-        Records for this node's own barrier go in one ``LocalItems``, neither encoded nor chunked: a piece of
-        the core's output holds about ``batch_items`` items already (``Worker.run``'s flush).
+        Records for this node's own barrier go as ``LocalItems``, not encoded; in the same chunks, so that the
+        barrier's handler inserts no more at once than a batch from another node holds.
         """
-        if method == transport.DELIVER and deployment.streams.is_local(address, method):
-            sent = codec.new_acks({gt_of(e) for e in entries})
-            codec.xor_into(acks, sent)
-            await deployment.streams.write(address, method, LocalItems(entries, sent, self.index,
-                                                                       deployment.tick.number))
-            return
+        local = method == transport.DELIVER and deployment.streams.is_local(address, method)
         for start in range(0, len(entries), self.batch_items):
             chunk = entries[start:start + self.batch_items]
             sent = codec.new_acks({gt_of(e) for e in chunk})
-            try:
-                batch = codec.encode_batch(chunk, sent, self.index, deployment.tick.number)
-            except codec.BatchError:
-                if method != transport.EXCHANGE:  # records are bytes already: a sender's bug, not an item's
-                    raise
-                chunk, dead = self._encodable(deployment, chunk)
-                await self._to_barriers(deployment, dead, acks)
-                if not chunk:
-                    continue
-                sent = codec.new_acks({gt_of(e) for e in chunk})
-                batch = codec.encode_batch(chunk, sent, self.index, deployment.tick.number)
+            batch: pb.ItemBatch | LocalItems
+            if local:
+                batch = LocalItems(chunk, sent, self.index, deployment.tick.number)
+            else:
+                try:
+                    batch = codec.encode_batch(chunk, sent, self.index, deployment.tick.number)
+                except codec.BatchError:
+                    if method != transport.EXCHANGE:  # records are bytes already: a sender's bug, not an item's
+                        raise
+                    chunk, dead = self._encodable(deployment, chunk)
+                    await self._to_barriers(deployment, dead, acks)
+                    if not chunk:
+                        continue
+                    sent = codec.new_acks({gt_of(e) for e in chunk})
+                    batch = codec.encode_batch(chunk, sent, self.index, deployment.tick.number)
             codec.xor_into(acks, sent)
             await deployment.streams.write(address, method, batch)
 
