@@ -211,7 +211,7 @@ class Grouping:
             end = bisect_left(bucket.metas, floor)
             start = max(0, end - keep)
             if end > start:
-                out.append((key, list(zip(bucket.metas[start:end], bucket.payloads[start:end], strict=True))))
+                out.append((key, _entries(bucket, start, end)))
         return out
 
     def snapshot_changes(self, below: GlobalTime) -> list[tuple[Hashable, Entries]]:
@@ -247,7 +247,7 @@ class Grouping:
             if bucket.changed:
                 self._changed[key] = None
             start = max(0, end - keep)
-            out.append((key, list(zip(bucket.metas[start:end], bucket.payloads[start:end], strict=True))))
+            out.append((key, _entries(bucket, start, end)))
         return out
 
     def restore(self, key: Hashable, entries: Entries) -> None:
@@ -320,3 +320,16 @@ class Grouping:
             self._note_deadline(key, bucket)
         elif not bucket.metas and not bucket.pending:
             del self.buckets[key]
+
+
+def _entries(bucket: Bucket, start: int, stop: int) -> Entries:
+    """The bucket's (meta, payload) pairs at positions ``start .. stop-1``.
+
+    Why not ``list(zip(...))`` of two slices: a snapshot takes this for every
+    key that changed in the last second, thousands on an inverted index, on
+    the event loop; the slices and the zip were three more containers per key,
+    and their allocations triggered young collections that were half of
+    ``snapshot_changes``' time (perf, a worker of the index).
+    """
+    metas, payloads = bucket.metas, bucket.payloads
+    return [(metas[j], payloads[j]) for j in range(start, stop)]
