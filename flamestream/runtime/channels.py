@@ -87,7 +87,8 @@ class LocalItems:
     """
 
     items: list[Item]
-    """Released records as ``codec.to_records`` makes them: what ``decode_items`` would give back."""
+    """Items whose payloads are serialized topic records (``codec.to_records``): what ``decode_items`` would give
+    back."""
     acks: dict[GlobalTime, int]
     sender: int
     tick: int
