@@ -466,8 +466,8 @@ class BarrierService(pb_grpc.BarrierServicer):
     async def _refuse(self, context: Context, batch: pb.ItemBatch | LocalItems, problem: str) -> NoReturn:
         """End the call with INVALID_ARGUMENT, and say so in the log: the sender is a buggy or hostile member."""
         peer = getattr(context, "peer", None)  # an in-process stream's LocalContext has none
-        size = f"{len(batch.items)} items" if isinstance(batch, LocalItems) else f"{len(batch.items)} bytes"
-        role_logger(self.name).warning("refused a batch of %s from %s (sender %d): %s", size,
+        unit = "items" if isinstance(batch, LocalItems) else "bytes"
+        role_logger(self.name).warning("refused a batch of %d %s from %s (sender %d): %s", len(batch.items), unit,
                                        str(peer()) if peer is not None else "this node", batch.sender, problem)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} refused the batch: {problem}")
 
