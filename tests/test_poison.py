@@ -343,6 +343,46 @@ def test_every_value_becomes_standard_json(value: Any) -> None:
             payloads.encode_event(value)
 
 
+json_leaves = (st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+               | st.integers(min_value=-(10**21), max_value=10**21) | st.integers(min_value=10**17).map(str)
+               | st.sampled_from(["\ud800", "a\udfffb", -0.0, 2**63, -(2**63) - 1, 2**64]))
+json_values = st.recursive(json_leaves, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=2), inner, max_size=3), max_leaves=12)
+
+
+def _read_by_json(data: bytes) -> str | None:
+    """``repr`` of what ``json.loads`` reads from ``data`` (exact: 1 and 1.0, 0.0 and -0.0 differ), or None."""
+    try:
+        return repr(json.loads(data))
+    except (ValueError, RecursionError):
+        return None
+
+
+@settings(max_examples=500, deadline=None)
+@given(json_values, st.booleans(), st.sampled_from([None, 1]))
+def test_a_payload_decodes_to_what_json_reads(value: Any, ascii_only: bool, indent: int | None) -> None:
+    """orjson decodes first (``decode_payload``): the value must be json's exactly, big integers and all."""
+    data = json.dumps(value, ensure_ascii=ascii_only, indent=indent).encode("utf-8", "surrogatepass")
+    assert repr(payloads.decode_payload(data)) == _read_by_json(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=24))
+@example(b"\xef\xbb\xbf[1]")  # a byte order mark: json skips it, orjson refuses
+@example(b" [1.5e400, NaN, -Infinity] ")
+@example(b'{"a": 1, "a": 2, "b": "\\ud800"}')
+@example(b"-18446744073709551617")
+@example(b'"12345678901234567890"')
+@example(b"[1,]")
+def test_any_bytes_decode_as_json_decodes_them(data: bytes) -> None:
+    expected = _read_by_json(data)
+    if expected is None:
+        with pytest.raises(payloads.PayloadError):
+            payloads.decode_payload(data)
+    else:
+        assert repr(payloads.decode_payload(data)) == expected
+
+
 def plain_json(value: Any) -> bool:
     """Whether ``json`` writes ``value`` without a ``default``: JSON's types, tuples as arrays, and keys it turns
     into strings."""
