@@ -20,7 +20,6 @@ whose record is gone is still recognised as a retry instead of admitted twice.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -31,6 +30,7 @@ import orjson
 
 from flamestream.core.front import Stamped
 from flamestream.core.meta import GlobalTime
+from flamestream.core.payload import decode_payload
 from flamestream.storage.log import LogError, SegmentedLog, read_start, write_durably
 
 
@@ -39,25 +39,14 @@ def encode_record(gt: GlobalTime, seq: int, payload: Any, producer: str = "", se
                        "payload": payload}, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-"""19 digits in a row: the shortest integer literal that may lie outside int64, which orjson reads as a float
-without a word (``99999999999999999999`` becomes ``1e+20``)."""
-
-
 def decode_record(data: bytes) -> dict[str, Any]:
-    """One record of the log.  orjson first: a restarted front reads its log back before it serves (the
-    producers' sequences), and orjson reads it several times faster than ``json``.  ``json`` for what only it
-    reads right: a record with a run of 19 digits anywhere (an integer beyond 64 bits, which orjson would
-    turn into a float — the oracle, Spark replay and a recovery's re-send would then see another event than
-    the workers did), and the NaN/Infinity older fronts wrote (orjson refuses those)."""
-    if _LONG_DIGITS.search(data) is None:
-        try:
-            record: dict[str, Any] = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-        else:
-            return record
-    return json.loads(data)  # type: ignore[no-any-return]
+    """One record of the log, read as ``decode_payload`` reads a payload: orjson where it reads what ``json``
+    does, ``json`` for the rest (an integer beyond 64 bits, which orjson would turn into a float — the oracle,
+    Spark replay and a recovery's re-send would then see another event than the workers did — and the
+    NaN/Infinity older fronts wrote).  Why not ``json`` alone: a restarted front reads its log back before it
+    serves (the producers' sequences), and orjson reads it several times faster."""
+    record: dict[str, Any] = decode_payload(data)
+    return record
 
 
 def front_log_dir(data_dir: Path, front: int) -> Path:
