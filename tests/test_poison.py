@@ -383,6 +383,32 @@ def test_any_bytes_decode_as_json_decodes_them(data: bytes) -> None:
         assert repr(payloads.decode_payload(data)) == expected
 
 
+def _event_by_json(data: bytes) -> str | None:
+    """``repr`` of the event ``json`` reads from ``data`` with the duplicate-key check, or None if it refuses it."""
+    try:
+        return repr(json.loads(data, object_pairs_hook=payloads.unique_keys))
+    except (ValueError, RecursionError):  # PayloadError (a key twice) is a ValueError
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values | st.binary(max_size=24))
+@example(b'"a line of words"')
+@example(b'{"a": 1, "a": 2}')
+@example(b'[{"k": 1, "k": 1}]')
+@example(b"123456789012345678901")
+def test_an_event_decodes_to_what_json_reads(value: Any) -> None:
+    """orjson first for events too (``decode_event``): the value ``json`` reads with the duplicate-key check,
+    and a ``PayloadError`` for what it refuses (a key twice, not JSON)."""
+    data = value if isinstance(value, bytes) else json.dumps(value).encode("utf-8", "surrogatepass")
+    expected = _event_by_json(data)
+    if expected is None:
+        with pytest.raises(payloads.PayloadError):
+            payloads.decode_event(data)
+    else:
+        assert repr(payloads.decode_event(data)) == expected
+
+
 def plain_json(value: Any) -> bool:
     """Whether ``json`` writes ``value`` without a ``default``: JSON's types, tuples as arrays, and keys it turns
     into strings."""

@@ -19,7 +19,6 @@ whose record is gone is still recognised as a retry instead of admitted twice.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -30,13 +29,14 @@ import orjson
 
 from flamestream.core.front import Stamped
 from flamestream.core.meta import GlobalTime
-from flamestream.core.payload import decode_payload
+from flamestream.core.payload import decode_payload, encode_json
 from flamestream.storage.log import LogError, SegmentedLog, read_start, write_durably
 
 
 def encode_record(gt: GlobalTime, seq: int, payload: Any, producer: str = "", sequence: int = 0) -> bytes:
-    return json.dumps({"ts": gt.ts, "front": gt.front, "seq": seq, "producer": producer, "sequence": sequence,
-                       "payload": payload}, ensure_ascii=False, separators=(",", ":")).encode()
+    """One record of the log: the admitted event and what reproduces its global time, trace and producer."""
+    return encode_json({"ts": gt.ts, "front": gt.front, "seq": seq, "producer": producer, "sequence": sequence,
+                        "payload": payload})
 
 
 def decode_record(data: bytes) -> dict[str, Any]:
