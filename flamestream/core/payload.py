@@ -89,9 +89,9 @@ def decode_event(data: bytes | str) -> Any:
     of text, a number): orjson keeps the last of two keys too, so only such
     a value is known to have none twice.  A front decodes every event pushed
     to it: a word count line took 6.7 us with ``json`` (whose every call
-    with a hook builds a decoder), 1.0 us so.  An event that starts as an
-    object or array goes to ``json`` at once: decoded twice, a page took
-    twice as long.
+    with a hook builds a decoder), 1.0 us with orjson.  An event that starts
+    as an object or array goes to ``json`` at once: decoded twice, a page
+    took twice as long.
     """
     if (isinstance(data, bytes) and data[:1] not in _CONTAINERS
             and _LONG_RUN not in data.translate(_DIGITS_AS_ZERO)):
@@ -100,7 +100,7 @@ def decode_event(data: bytes | str) -> Any:
         except orjson.JSONDecodeError:
             pass
         else:
-            if not isinstance(value, (dict, list)):  # one after white space
+            if not isinstance(value, (dict, list)):  # an object or array after white space: json checks its keys
                 return value
     return _loads(data, unique_keys)
 
