@@ -73,12 +73,24 @@ def decode_payload(data: bytes) -> Any:
     which orjson reads and ``json`` refuses with a RecursionError; events
     nest at most ``MAX_DEPTH`` and records ``MAX_RECORD_DEPTH`` deep.
     """
-    if _LONG_RUN not in data.translate(_DIGITS_AS_ZERO):
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass  # json accepts some of these, and names the fault of the others
-    return _loads(data, None)
+    value = _by_orjson(data)
+    return value if value is not _UNREAD else _loads(data, None)
+
+
+_UNREAD: Final = object()
+"""What ``_by_orjson`` returns where ``json`` must read the bytes."""
+
+
+def _by_orjson(data: bytes) -> Any:
+    """``data``'s value read by orjson where that is the value ``json`` reads (see ``decode_payload``), else
+    ``_UNREAD``: a run of nineteen digits, or bytes orjson refuses (``json`` accepts some of these, and names
+    the fault of the others)."""
+    if _LONG_RUN in data.translate(_DIGITS_AS_ZERO):
+        return _UNREAD
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _UNREAD
 
 
 def decode_event(data: bytes | str) -> Any:
@@ -93,15 +105,11 @@ def decode_event(data: bytes | str) -> Any:
     as an object or array goes to ``json`` at once: decoded twice, a page
     took twice as long.
     """
-    if (isinstance(data, bytes) and data[:1] not in _CONTAINERS
-            and _LONG_RUN not in data.translate(_DIGITS_AS_ZERO)):
-        try:
-            value = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-        else:
-            if not isinstance(value, (dict, list)):  # an object or array after white space: json checks its keys
-                return value
+    if isinstance(data, bytes) and data[:1] not in _CONTAINERS:
+        value = _by_orjson(data)
+        # An object or array after white space goes to json too, which checks its keys.
+        if value is not _UNREAD and not isinstance(value, (dict, list)):
+            return value
     return _loads(data, unique_keys)
 
 
