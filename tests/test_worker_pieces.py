@@ -45,14 +45,15 @@ def test_pieces_add_up_to_the_whole_step(flush: int) -> None:
 
 
 def test_a_page_ships_remote_postings_while_working_through_its_own() -> None:
-    """Processing is depth-first (meta order), so postings for the other worker leave as they are routed."""
+    """A page's postings are routed as its diff emits them, all at once, so the other worker's leave in the
+    first piece, before the owner works through its own (depth-first, in meta order, 64 records a piece)."""
     owner, envelopes = max(page_steps(12), key=lambda step: len(inverted_index.positions(step[1][0][2][0])))
     pieces = list(Worker(PLAN, owner, LAYOUT).run(envelopes, 64))
     remote, barrier = merged(pieces)
     first_remote, first_barrier = pieces[0]
     assert len(barrier) > 1000 and len(remote[1 - owner]) > 1000
-    assert first_remote and len(first_barrier) < 64  # the other worker starts before the owner is 5% through
-    assert sum(1 for r, _ in pieces if r) > 10
+    assert first_remote == remote and len(first_barrier) < 64  # the other worker starts before the owner does
+    assert sum(1 for _, b in pieces if b) > 10
 
 
 def test_without_flush_there_is_one_piece() -> None:

@@ -99,6 +99,30 @@ def _child(i: int) -> Trace:
     return _CHILDREN[i] if i < 256 else (i,)
 
 
+def _past_merges(plan: Plan) -> tuple[list[int], list[Trace]]:
+    """Per operation, where an item sent to it really goes: past a run of unbalanced merges to the first other
+    operation, and the trace marks those merges add (``()`` for an operation that is no such merge).
+
+    Why: a merge passes its input on with one more trace mark, and nothing else.  Run as an operation, each
+    item paid an envelope, a stack push and pop, a new item and a one-item list per merge; on word count and
+    the inverted index every word and every accumulator goes through one (the loop of their reduce).  Sent
+    past it with the same marks, the item is the one the merge would have made, so everything downstream —
+    hashes, groupings' order, the barrier's output — is the same.
+    """
+    targets = list(range(len(plan.kinds)))
+    marks: list[Trace] = [() for _ in plan.kinds]
+    for op in range(len(plan.kinds)):
+        dst, seen = op, set()
+        while plan.kinds[dst] == MERGE and plan.balances[dst] is None and plan.routes[dst] and dst not in seen:
+            seen.add(dst)
+            dst = plan.routes[dst][0]
+            marks[op] += _FIRST_CHILD
+        if dst in seen:  # a cycle of merges only: leave it as it was (it never ends either way)
+            dst, marks[op] = op, ()
+        targets[op] = dst
+    return targets, marks
+
+
 class Worker:
     def __init__(self, plan: Plan, index: int, layout: Layout, cut: frozenset[int] = frozenset()) -> None:
         """``cut``: groupings whose input is set aside in ``self.cut_off`` instead of processed — batch replay
@@ -118,6 +142,12 @@ class Worker:
         self._modes = [_SINK if kind == SINK else _LOCAL if plan.balances[i] is None else _HASHED
                        for i, kind in enumerate(plan.kinds)]
         """How items reach each operation: appended to the barrier list, pushed here, or routed by hash."""
+        self._targets, self._marks = _past_merges(plan)
+        self._suffixes = [[_child(i) + self._marks[dst] for i in range(256)]
+                          if kind == MAP and dst >= 0 and self._marks[dst] else None
+                          for kind, dst in zip(plan.kinds, self._first, strict=True)]
+        """Per map whose outputs go into merges: output ``i``'s trace marks, its own and the merges' (for the
+        usual few outputs), so each output is built once, where the merges are passed (``_past_merges``)."""
         self.groupings: dict[int, Grouping] = {
             i: Grouping(plan.windows[i]) for i, kind in enumerate(plan.kinds) if kind == GROUPING
         }
@@ -139,7 +169,8 @@ class Worker:
         """
         plan = self.plan
         kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
-        equivalences, first, modes = plan.equivalences, self._first, self._modes
+        equivalences, first, modes, targets, suffixes = (plan.equivalences, self._first, self._modes,
+                                                         self._targets, self._suffixes)
         max_outputs, max_output_bytes = plan.max_outputs, plan.max_output_bytes
         groupings = self.groupings
         remote: dict[int, list[Envelope]] = {}
@@ -153,6 +184,7 @@ class Worker:
             op, h, item = stack.pop()
             while True:  # an item, then its only output while that stays here (see the end of the loop)
                 kind = kinds[op]
+                nxt = first[op]
                 payload, gt, trace, tomb = item
                 copy = h is not None and balances[op] is None  # a replicated-prefix item (see module docstring)
                 emits = not copy or lo <= h <= hi  # type: ignore[operator]
@@ -160,7 +192,12 @@ class Worker:
                     if kind == MAP:
                         fn: Any = fns[op]  # too many or too large outputs: bounded_outputs makes a dead letter
                         results = bounded_outputs(fn(payload), max_outputs, max_output_bytes)
-                        outs = [(p, gt, trace + _child(i), tomb) for i, p in enumerate(results)]
+                        marks = suffixes[op]
+                        if marks is not None and len(results) <= 256:  # straight past the merges it feeds
+                            outs = [(p, gt, trace + marks[i], tomb) for i, p in enumerate(results)]
+                            nxt = targets[nxt]
+                        else:
+                            outs = [(p, gt, trace + _child(i), tomb) for i, p in enumerate(results)]
                     elif kind == GROUPING:
                         eq = equivalences[op]
                         outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
@@ -178,10 +215,10 @@ class Worker:
                     if emits:
                         barrier.append((dead_letter(names[op], exc, payload), gt, trace, tomb))
                     break
-                if outs is not None and len(outs) == 1 and modes[first[op]] == _LOCAL:
+                if outs is not None and len(outs) == 1 and modes[nxt] == _LOCAL:
                     # Depth-first, the only output is what runs next anyway: go on with it here instead of a
                     # round trip through the stack (an envelope, a list and a push and pop saved per such hop).
-                    op, h, item = first[op], h if copy else None, outs[0]
+                    op, h, item = nxt, h if copy else None, outs[0]
                     continue
                 local: list[Envelope] = []
                 if outs is None:  # broadcast: a copy per output
@@ -189,7 +226,7 @@ class Worker:
                         sent += self._route(dst, [(payload, gt, trace + _child(i), tomb)], h, local, remote, barrier,
                                             copy, emits)
                 elif outs:  # every other operation has one downstream operation
-                    sent += self._route(first[op], outs, h, local, remote, barrier, copy, emits)
+                    sent += self._route(nxt, outs, h, local, remote, barrier, copy, emits)
                 if local:
                     local.reverse()
                     stack.extend(local)
@@ -202,6 +239,10 @@ class Worker:
     def _route(self, dst: int, outs: list[Item], h: int | None, local: list[Envelope],
                remote: dict[int, list[Envelope]], barrier: list[Item], copy: bool, emits: bool) -> int:
         """Send ``outs`` to ``dst``: the barrier, this worker's stack, or by hash; returns how many went remote."""
+        marks = self._marks[dst]
+        if marks:  # into merges: past them at once (``_past_merges``)
+            outs = [(p, gt, trace + marks, tomb) for p, gt, trace, tomb in outs]
+            dst = self._targets[dst]
         mode = self._modes[dst]
         if mode == _LOCAL:
             carried = h if copy else None
