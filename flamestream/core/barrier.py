@@ -73,15 +73,18 @@ class BarrierBuffer:
             return
         if trace in items:
             raise ValueError(f"item {gt} {trace} reached the barrier twice")
-        marks = [(i, mark) for i, mark in enumerate(trace) if mark > CHILD_MASK]
         versions = slot.versions
-        for i, mark in marks:
-            seen = versions.get(trace[:i])
-            if seen is not None and seen[0] > mark:
-                return
-        for i, mark in marks:
-            prefix = trace[:i]
-            seen = versions.get(prefix)
+        # (prefix, mark, versions seen there) per grouping mark: each prefix sliced and looked up once (the
+        # prefixes differ in length, so updating one below cannot change what was seen at another).
+        marked: list[tuple[Trace, int, tuple[int, list[Trace]] | None]] = []
+        for i, mark in enumerate(trace):
+            if mark > CHILD_MASK:
+                prefix = trace[:i]
+                seen = versions.get(prefix)
+                if seen is not None and seen[0] > mark:
+                    return
+                marked.append((prefix, mark, seen))
+        for prefix, mark, seen in marked:
             if seen is None or seen[0] < mark:
                 if seen is not None:
                     for stale in seen[1]:
