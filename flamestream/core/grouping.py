@@ -74,7 +74,8 @@ class Grouping:
         self.clock = 0
         """Logical time: bumped per emission, so re-emissions outrank what they replace."""
         self._deadlines: dict[GlobalTime, list[Hashable]] = {}
-        """Keys by the deadline last noted for them (see ``trim``)."""
+        """Keys by the deadlines noted for them (see ``trim``).  A key stays listed under a deadline that an
+        earlier one, noted since, superseded; ``_trim_bucket`` skips it when that deadline is popped."""
         self._times: list[GlobalTime] = []
         """A heap of ``_deadlines``' global times."""
         self._pending_keys: set[Hashable] = set()
@@ -286,8 +287,8 @@ class Grouping:
         entry paid a sift of tuple comparisons for every bucket trimmed while
         items were in flight (re-noted below, out of order): a third of trimming
         on the index, where every common word has a posting in flight (callgrind,
-        the local runtime); a deque for the in-order deadlines, before that,
-        paid a comparison per key.
+        the local runtime).  And the deque that held the in-order deadlines
+        compared each key's with the min time; now one comparison per deadline.
         """
         times, deadlines = self._times, self._deadlines
         while times and times[0] < min_time:

@@ -106,8 +106,13 @@ def _past_merges(plan: Plan) -> tuple[list[int], list[Trace]]:
     Why: a merge passes its input on with one more trace mark, and nothing else.  Run as an operation, each
     item paid an envelope, a stack push and pop, a new item and a one-item list per merge; on word count and
     the inverted index every word and every accumulator goes through one (the loop of their reduce).  Sent
-    past it with the same marks, the item is the one the merge would have made, so everything downstream —
-    hashes, groupings' order, the barrier's output — is the same.
+    past it with the same marks, the item is the one the merge would have made, so the same items with the same
+    traces reach the same operations.  The order differs in one way: a map's outputs are routed together, as
+    they always were when no merge came between, where the merge routed them one at a time, depth-first.  So
+    a later output may leave for another worker before what an earlier one leads to, which a grouping there
+    replays if both reach one bucket (``tests/test_merges.py``: the same graph without the merge sends the
+    same, in the same order).  Routed one at a time (tried), the index's instructions were those of running
+    the merge.
     """
     targets = list(range(len(plan.kinds)))
     marks: list[Trace] = [() for _ in plan.kinds]
