@@ -231,7 +231,7 @@ def encode_event(payload: Any) -> bytes:
     fault = check_payload(payload)
     if fault is not None:
         raise PayloadError(fault)
-    return _dumps(payload, as_record=False)
+    return encode_json(payload)
 
 
 def encode_json(value: Any) -> bytes:
