@@ -15,6 +15,7 @@ import pytest
 from examples import wordcount
 from flamestream import Graph, LocalRuntime, run_oracle
 from flamestream.core.front import stamp_inputs
+from flamestream.core.graph import Node
 from flamestream.core.meta import decode
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout
@@ -31,7 +32,7 @@ def reduce_through_merges(balanced: bool) -> Graph:
     g = Graph("merges")
     balance = zero if balanced else None
 
-    def merge(name: str, inputs: int = 1) -> object:
+    def merge(name: str, inputs: int = 1) -> Node:
         return g.merge(inputs, balance=balance, name=name)
 
     loop = merge("loop", 2)
