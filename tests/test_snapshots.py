@@ -87,6 +87,55 @@ def test_values_of_other_types_are_refused_when_written() -> None:
             values.encode(value)
 
 
+@settings(max_examples=200, deadline=None)
+@given(head=value_st, items=st.lists(value_st, max_size=12))
+def test_fragments_joined_decode_as_the_pair_they_make(head: Any, items: list[Any]) -> None:
+    """``encode_pair`` of ``fragments`` decodes exactly as ``encode([head, items])``, and each fragment alone as its
+    value: whatever values come together in one chunk, each is cut out exactly."""
+    codes = values.fragments([head, *items])
+    if None not in codes:
+        assert same(values.decode(values.encode_pair(codes[0], codes[1:])), [head, items])  # type: ignore[arg-type]
+    for value, code in zip([head, *items], codes, strict=True):
+        if code is not None:
+            assert same(values.decode(values.encode_pair(code, [])), [value, []])
+
+
+def test_values_without_a_fragment_and_the_ones_after_them() -> None:
+    """Not plain, cyclic, shared past the fast limit, more than one frame, or holding the separator that cuts a
+    chunk apart (a key could, were it not random): no fragment, and the values beside it
+    still get theirs (the chunk is tried again in halves); more values than one chunk holds all get one."""
+    cycle: list[Any] = [1]
+    cycle.append(cycle)
+    dag: list[Any] = [0]
+    for _ in range(40):
+        dag = [dag, dag]
+    odd = [object(), cycle, dag, "x" * 70_000, ("y" * 40_000, b"z" * 30_000), ("key", values._SEPARATOR)]
+    codes = values.fragments([("a", 1), *odd, ("b", 2)])
+    assert codes[1:-1] == [None] * len(odd)
+    assert values.decode(values.encode_pair(codes[0], [codes[-1]])) == [("a", 1), [("b", 2)]]  # type: ignore[arg-type]
+    rows = [(i, (i, f"w{i}"), 1, 40) for i in range(10_000)]
+    codes = values.fragments(rows)
+    assert values.decode(values.encode_pair(values.fragments(["g"])[0], codes)) == ["g", rows]  # type: ignore[arg-type]
+
+
+def test_an_index_with_a_row_too_large_for_a_fragment_is_encoded_whole(tmp_path: Path) -> None:
+    """A key of 70 kB has no encoded row (``fragments``): the grouping's index is then encoded whole, and the file
+    reads back as the state, again after a bucket of another key changed."""
+    at = GlobalTime(5, 0)
+    big = "k" * 70_000
+    entries: Entries = [((GlobalTime(3, 0), (0, 1)), ("payload", 1))]
+    image = SnapshotImage()
+    image.update({"g": [(1, (1, big), entries), (2, (2, "small"), entries)]})
+    path = snapshot_path(tmp_path, at, 0)
+    image.write(path, boundary=at, worker=0, tick=1)
+    assert by_key(read_snapshot(path)[1]) == {"g": {(1, big): (1, entries), (2, "small"): (2, entries)}}
+    later: Entries = [((GlobalTime(4, 0), (0, 1)), ("payload", 2))]
+    image.update({"g": [(2, (2, "small"), later)]})
+    image.write(path, boundary=at, worker=0, tick=1)
+    info, back = read_snapshot(path)
+    assert by_key(back) == {"g": {(1, big): (1, entries), (2, "small"): (2, later)}} and info.items == 2
+
+
 def handover_state() -> tuple[GlobalTime, WorkerState]:
     """A real grouping state: the inverted index's, carried by a hand-over after 6 pages."""
     pages = [{"id": str(i), "title": f"p{i}", "text": f"мяч {i % 3} goal {i % 2} the"} for i in range(10)]
@@ -352,5 +401,6 @@ def test_an_image_through_any_sequence_of_changes_writes_exactly_the_state(
         else:
             state.pop((key, f"w{key}"), None)
         image.write(path, boundary=at, worker=0, tick=1)
-        _info, back = read_snapshot(path)
+        info, back = read_snapshot(path)
         assert by_key(back) == {"g": state}
+        assert (info.keys, info.items) == (len(state), sum(len(entries) for _h, entries in state.values()))
