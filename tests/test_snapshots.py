@@ -94,7 +94,9 @@ def test_fragments_joined_decode_as_the_pair_they_make(head: Any, items: list[An
     value: whatever values come together in one chunk, each is cut out exactly."""
     codes = values.fragments([head, *items])
     if None not in codes:
-        assert same(values.decode(values.encode_pair(codes[0], codes[1:])), [head, items])  # type: ignore[arg-type]
+        joined = values.encode_pair(codes[0], codes[1:])  # type: ignore[arg-type]
+        assert same(values.decode(joined), [head, items])
+        assert joined[2:3] == pickle.FRAME and int.from_bytes(joined[3:11], "little") == len(joined) - 11  # one frame
     for value, code in zip([head, *items], codes, strict=True):
         if code is not None:
             assert same(values.decode(values.encode_pair(code, [])), [value, []])
@@ -116,6 +118,16 @@ def test_values_without_a_fragment_and_the_ones_after_them() -> None:
     rows = [(i, (i, f"w{i}"), 1, 40) for i in range(10_000)]
     codes = values.fragments(rows)
     assert values.decode(values.encode_pair(values.fragments(["g"])[0], codes)) == ["g", rows]  # type: ignore[arg-type]
+
+
+def test_the_separator_never_overlaps_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A separator whose encoding ended as it began could share bytes with the end of a value written before it,
+    and the chunk would be cut one byte early with the right count of pieces: such a draw is drawn again."""
+    draws = iter([b"\x00" * 15 + b"C", b"\x00" * 14 + b"C\x10", bytes(range(1, 17))])  # each ends as it begins
+    monkeypatch.setattr(os, "urandom", lambda n: next(draws))
+    assert values._border_free_cut()[2:] == bytes(range(1, 17))
+    cut = values._CUT
+    assert all(cut[:k] != cut[-k:] for k in range(1, len(cut)))
 
 
 def test_an_index_with_a_row_too_large_for_a_fragment_is_encoded_whole(tmp_path: Path) -> None:

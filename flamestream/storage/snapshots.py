@@ -94,7 +94,8 @@ class FrozenBucket(NamedTuple):
     """The file it came from, to name in an error."""
     row_code: bytes | None = None
     """``row`` as ``values.fragments`` encodes it, for ``SnapshotImage.write`` to join into the grouping's index;
-    None for a bucket read from a file (encoded at its first write) or a row too large for one frame."""
+    None for a bucket read from a file (encoded at its next write) or a row ``fragments`` has none for (a key
+    too large for one frame, or one that needs the memo)."""
 
     @property
     def h(self) -> int:
@@ -197,7 +198,8 @@ class SnapshotImage:
 
 def _index(name: str, image: dict[Hashable, FrozenBucket]) -> bytes:
     """A grouping's index ``[name, [row, ...]]``, joined from its buckets' encoded rows; a bucket without one (read
-    from a file) gets it here, once.  Encoded whole if a row still has none (a key too large for one frame)."""
+    from a file) gets it here.  Encoded whole while a row has none (``FrozenBucket.row_code``): that row is tried
+    again at each write, which only a rare key (larger than a frame) costs."""
     missing = [bucket for bucket in image.values() if bucket.row_code is None]
     if missing:
         for bucket, code in zip(missing, values.fragments([bucket.row for bucket in missing]), strict=True):
