@@ -479,8 +479,13 @@ class WorkerService(rpc.WorkerServicer):
     # -- min time: trimming, snapshots, hand-over --------------------------------------------------------------
 
     async def _watch_min_time(self, acker: str) -> None:
-        """Trim grouping state as the min time advances; the stream ending is a failure (state would only grow)."""
+        """Trim grouping state as the min time advances; the stream ending is a failure (state would only grow).
+        The first min time is logged: from then on the stream is up, and its break is this node's exit."""
+        first = True
         async for mt in self._watch.watch_min_time(acker):
+            if first:
+                first = False
+                self.log.info("min times from the acker at %s: the first is %d.%d", acker, mt.ts, mt.front)
             await self._on_min_time(GlobalTime(mt.ts, mt.front))
 
     async def _on_min_time(self, min_time: GlobalTime) -> None:
