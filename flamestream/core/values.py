@@ -67,6 +67,13 @@ class _Capped(io.BytesIO):
         return super().write(data)
 
 
+_FAST_FAILURES = (_Spilled, pickle.PicklingError, RecursionError, ValueError, KeyError)
+"""What a pickler without the memo raises for a value it cannot write so.  ValueError: a cycle, or not plain.
+KeyError: CPython's C pickler in fast mode counts a frozenset into its nesting depth and never out again; past 50
+it keeps ids to detect cycles, and the next container it leaves is not among them (some fifty frozensets in one
+value, found by hypothesis).  With the memo, all of these are written (or refused) properly."""
+
+
 def _fast(out: io.BytesIO) -> _PlainPickler:
     pickler = _PlainPickler(out, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.fast = True
@@ -150,7 +157,7 @@ def _fragments(values: list[Any]) -> list[bytes | None]:
     try:
         _fast(out).dump(tuple([part for value in values for part in (value, _SEPARATOR)] + [_SEPARATOR] * 2))
         data = out.getvalue()
-    except (_Spilled, pickle.PicklingError, RecursionError, ValueError, KeyError):  # see _without_memo
+    except _FAST_FAILURES:
         data = b""
     if data:
         # The header (2 bytes), the frame's opcode and length (9), MARK, value, cut, ..., cut, cut, cut, TUPLE, STOP.
@@ -181,11 +188,7 @@ def _without_memo(pickler: _PlainPickler, out: _Capped, value: Any) -> bytes | N
     out.truncate()
     try:
         pickler.dump(value)
-    except (_Spilled, pickle.PicklingError, RecursionError, ValueError, KeyError):
-        # ValueError: a cycle, or not plain.  KeyError: CPython's C pickler in fast mode counts a frozenset into
-        # its nesting depth and never out again; past 50 it keeps ids to detect cycles, and the next container it
-        # leaves is not among them (some fifty frozensets in one value, found by hypothesis).  With the memo,
-        # all of these are written (or refused) properly.
+    except _FAST_FAILURES:
         return None
     return out.getvalue()
 
