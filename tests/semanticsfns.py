@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 
@@ -39,3 +40,15 @@ def picky_hash(x: int) -> int:
     if x < 0:
         raise KeyError("negative")
     return x
+
+
+SPREAD_CALLS: Counter[int] = Counter()
+"""Calls of ``spread`` per input: tests/test_replicated_entry.py counts how often workers run an entry map."""
+
+
+def spread(x: int) -> list[int]:
+    """Fails on multiples of 5; otherwise three outputs, one negative (``picky_hash`` fails on it)."""
+    SPREAD_CALLS[x] += 1
+    if x % 5 == 0:
+        raise ValueError(f"cannot spread {x}")
+    return [x, -x, x + 1000]

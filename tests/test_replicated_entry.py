@@ -10,9 +10,9 @@ from flamestream.core.front import stamp_inputs
 from flamestream.core.hashing import stable_hash
 from flamestream.core.plan import compile_graph
 from flamestream.core.tick import Layout
-from flamestream.core.worker import Worker, front_envelopes
+from flamestream.core.worker import SharedPrefix, Worker, front_envelopes
 from tests.graphfns import identity, split_csv
-from tests.semanticsfns import fragile
+from tests.semanticsfns import SPREAD_CALLS, fragile, picky_hash, spread
 
 
 def prefix_with_sink() -> Graph:
@@ -63,3 +63,47 @@ def test_word_count_bursts_from_one_front_replay_nothing(workers: int) -> None:
     expected, _ = run_oracle(wordcount.graph(), stamp_inputs(lines))
     assert sorted(map(repr, (p for _gt, _t, p in result.output))) == sorted(map(repr, (p for _gt, p in expected)))
     assert result.stats.replays == 0
+
+
+def spread_graph() -> Graph:
+    """source -> a map that fails on some inputs -> its outputs routed by a hash that fails on some -> sink: a
+    replicated entry map whose outputs are routed by hash, with dead letters of both kinds."""
+    g = Graph("spread")
+    g.source().to(g.map(spread, name="spread")).to(g.map(identity, balance=picky_hash, name="hashed")).to(g.sink())
+    return g.validate()
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_workers_of_one_process_run_the_entry_map_once_per_input(workers: int) -> None:
+    """``SharedPrefix``: the first worker to run an input's entry map keeps what it routed for the others, so
+    the map runs once, not once per worker (where it fails, every worker runs it: nothing is kept), and the
+    output is still exactly the oracle's."""
+    inputs = list(range(1, 40))
+    expected, _ = run_oracle(spread_graph(), stamp_inputs(inputs))
+    SPREAD_CALLS.clear()
+    result = LocalRuntime(spread_graph(), workers=workers, seed=11, batch=4).run(inputs)
+    assert {x: workers if x % 5 == 0 else 1 for x in inputs} == SPREAD_CALLS
+    assert sorted(map(repr, ((gt, p) for gt, _t, p in result.output))) == sorted(map(repr, expected))
+    assert sum(1 for _gt, p in expected if isinstance(p, dict) and "dead_letter" in p) > 1  # of both kinds
+
+
+@pytest.mark.parametrize(("graph", "inputs"), [
+    (spread_graph(), list(range(1, 25))),
+    (wordcount.graph(), [f"w{i % 7} w{i % 3} w{i} w{i % 7}" for i in range(24)]),  # outputs go past the loop's merge
+])
+def test_a_worker_taking_what_another_routed_emits_what_it_would_have(graph: Graph, inputs: list[object]) -> None:
+    """Three workers given one front's envelopes: with a ``SharedPrefix`` each emits and keeps exactly what it
+    does alone (payloads, traces, order), and nothing is held once all three took every input."""
+    plan = compile_graph(graph)
+    layout = Layout.even(3)
+    stamped = stamp_inputs(inputs)
+    envelopes = [(plan.entry_balance(p), (p, gt, trace, False)) for _f, gt, trace, p in stamped]
+    per_worker = front_envelopes(plan, layout, envelopes)
+    shared = SharedPrefix(3)
+    SPREAD_CALLS.clear()
+    for index in (2, 0, 1):  # not in index order: the first to run an input need not own its entry hash
+        alone = Worker(plan, index, layout).process(per_worker[index])
+        assert Worker(plan, index, layout, shared=shared).process(per_worker[index]) == alone
+    assert len(shared) == 0
+    if graph.name == "spread":  # three workers alone, then once for the three sharing, or once each where it fails
+        assert {x: 6 if x % 5 == 0 else 4 for x in range(1, 25)} == SPREAD_CALLS

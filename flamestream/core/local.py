@@ -13,6 +13,8 @@ flush size of 1 to 256 items), and the scheduler may run other workers and the b
 pieces; the step's receipt acks go last.  With ``adversarial=True`` every channel
 gets a speed drawn over three orders of magnitude and slow channels keep
 missing steps, so some paths lag far behind and replays/retractions pile up.
+One thing differs from separate processes, the amount of work only: a
+replicated entry map runs once per input for all workers (``SharedPrefix``).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from flamestream.core.graph import Graph
 from flamestream.core.grouping import Entries, Thaw
 from flamestream.core.item import Item, envelope_meta, envelope_time, item_meta, item_time
 from flamestream.core.meta import MAX_TIME, GlobalTime
-from flamestream.core.plan import compile_graph
+from flamestream.core.plan import Plan, compile_graph
 from flamestream.core.tick import Layout
-from flamestream.core.worker import Outbox, Worker, WorkerState, entry_hash, front_envelopes, merge_states
+from flamestream.core.worker import Outbox, SharedPrefix, Worker, WorkerState, entry_hash, front_envelopes, merge_states
 
 Channel = tuple[str, int, int]
 """("front", front, worker) | ("worker", src, dst) | ("barrier", worker, 0)."""
@@ -139,7 +141,7 @@ class LocalRuntime:
         rng = self.rng
         plan, layout = self.plan, self.layout
         handovers = deque(self.handovers)
-        workers = [Worker(plan, i, layout) for i in range(layout.workers)]
+        workers = _workers(plan, layout)
         acker = AckTable(range(self.fronts))
         barrier = BarrierBuffer()
         result = RunResult(output=[])
@@ -219,7 +221,7 @@ class LocalRuntime:
                 stats.replays += sum(w.replays for w in workers)
                 plan = compile_graph(handover.graph) if handover.graph is not None else plan
                 layout = Layout.even(handover.workers)
-                workers = [Worker(plan, i, layout) for i in range(layout.workers)]
+                workers = _workers(plan, layout)
                 for worker in workers:
                     _take_over(worker, state)
             candidates: list[Any] = [("front", f) for f in fronts_left if open_front(f)]
@@ -287,6 +289,12 @@ class LocalRuntime:
         stats.replays += sum(w.replays for w in workers)
         stats.final_state = sum(w.state_size() for w in workers)
         return result
+
+
+def _workers(plan: Plan, layout: Layout) -> list[Worker]:
+    """A tick's workers, sharing the replicated prefix's work: they run in one process (``SharedPrefix``)."""
+    shared = SharedPrefix(layout.workers)
+    return [Worker(plan, i, layout, shared=shared) for i in range(layout.workers)]
 
 
 def _take_over(worker: Worker, state: WorkerState) -> None:

@@ -17,8 +17,9 @@ still produced exactly once, with the same trace, but a grouping now receives
 one front's items in global-time order, where before the words of a line split
 on another worker raced the local ones and forced replays (word count under
 load: replay overhead 16 -> 1).  The price is the prefix's CPU on every
-worker.  Inside the prefix, an envelope's hash being set on an unbalanced
-operation is what marks it as such a copy.
+worker (workers of one process share it: ``SharedPrefix``).  Inside the
+prefix, an envelope's hash being set on an unbalanced operation is what marks
+it as such a copy.
 """
 
 from __future__ import annotations
@@ -128,10 +129,63 @@ def _past_merges(plan: Plan) -> tuple[list[int], list[Trace]]:
     return targets, marks
 
 
+class SharedPrefix:
+    """What the entry map of a replicated prefix routed, per input: computed by the first of ``readers`` workers
+    of one process that runs the input, taken by the others.
+
+    Why: a replicated entry (module docstring) has every worker run the
+    stateless prefix over every input, the price of handing each grouping one
+    front's items in global-time order across processes.  Workers in one
+    process (the local runtime) get the very same input from the front, so the
+    first to run the entry map keeps all it routed — every output with its
+    hash, and the dead letters of outputs whose balancing function failed —
+    and each worker keeps its own range's share, as it would have.  On word
+    count with 4 workers the split and every word's balancing function ran
+    four times a line: most of what a 4-worker run spent beyond a 1-worker
+    one (callgrind, ``bench/local.py``'s corpus).  The items are the same ones
+    each worker would have built: the prefix is stateless, and payloads are
+    never mutated (the rule that already lets the front hand every worker one
+    item).  An input is held only until its last reader took it.
+    """
+
+    def __init__(self, readers: int) -> None:
+        self.readers = readers
+        self._kept: dict[tuple[GlobalTime, Trace], tuple[Any, bool, list[Envelope], list[Item], int]] = {}
+        """(global time, trace) of an input -> (its payload, whether a tombstone, its routed outputs, its dead
+        letters, readers yet to take them).  Keyed by meta, not by the item's identity: compiled code unpacks an
+        item and builds the tuple anew.  The payload must be the very object (an input of another run with the
+        same meta is not this one)."""
+
+    def take(self, item: Item) -> tuple[list[Envelope], list[Item]] | None:
+        """What another worker routed for ``item``, or None if this is the first to run it."""
+        payload, gt, trace, tomb = item
+        key = (gt, trace)
+        kept = self._kept.get(key)
+        if kept is None or kept[0] is not payload or kept[1] != tomb:
+            return None
+        _, _, routed, dead, left = kept
+        if left > 1:
+            self._kept[key] = (payload, tomb, routed, dead, left - 1)
+        else:
+            del self._kept[key]
+        return routed, dead
+
+    def keep(self, item: Item, routed: list[Envelope], dead: list[Item]) -> None:
+        if self.readers > 1:
+            payload, gt, trace, tomb = item
+            self._kept[(gt, trace)] = (payload, tomb, routed, dead, self.readers - 1)
+
+    def __len__(self) -> int:
+        """Inputs held for workers yet to take them (none once a run is over)."""
+        return len(self._kept)
+
+
 class Worker:
-    def __init__(self, plan: Plan, index: int, layout: Layout, cut: frozenset[int] = frozenset()) -> None:
+    def __init__(self, plan: Plan, index: int, layout: Layout, cut: frozenset[int] = frozenset(),
+                 shared: SharedPrefix | None = None) -> None:
         """``cut``: groupings whose input is set aside in ``self.cut_off`` instead of processed — batch replay
-        runs each grouping in a stage of its own, so its state lives in exactly one place."""
+        runs each grouping in a stage of its own, so its state lives in exactly one place.  ``shared``: the
+        replicated prefix's work shared with the other workers of this process (``SharedPrefix``)."""
         self.plan = plan
         self.cut = cut
         self.cut_off: list[Envelope] = []
@@ -157,6 +211,12 @@ class Worker:
             i: Grouping(plan.windows[i]) for i, kind in enumerate(plan.kinds) if kind == GROUPING
         }
         self._by_name = {plan.names[op]: grouping for op, grouping in self.groupings.items()}
+        entry = plan.entry
+        self._shared = shared if shared is not None and shared.readers > 1 and (
+            plan.replicated and not cut and plan.kinds[entry] == MAP
+            and self._modes[self._targets[self._first[entry]]] == _HASHED) else None
+        """Set only where it applies: the entry is a map whose outputs are routed by hash (word count's split),
+        and other workers share it."""
 
     def process(self, envelopes: list[Envelope]) -> Outbox:
         """Run ``envelopes`` to completion; everything they produced in one outbox."""
@@ -177,7 +237,7 @@ class Worker:
         equivalences, first, modes, targets, suffixes = (plan.equivalences, self._first, self._modes,
                                                          self._targets, self._suffixes)
         max_outputs, max_output_bytes = plan.max_outputs, plan.max_output_bytes
-        groupings = self.groupings
+        groupings, entry, shared = self.groupings, plan.entry, self._shared
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
         sent = 0
@@ -194,6 +254,17 @@ class Worker:
                 copy = h is not None and balances[op] is None  # a replicated-prefix item (see module docstring)
                 emits = not copy or lo <= h <= hi  # type: ignore[operator]
                 try:
+                    if kind == MAP and copy and op == entry and shared is not None:
+                        kept = shared.take(item)
+                        if kept is None:
+                            kept = self._share(op, item, shared)
+                        routed, dead = kept
+                        mine = [envelope for envelope in routed if lo <= envelope[1] <= hi]  # type: ignore[operator]
+                        if emits:
+                            barrier.extend(dead)
+                        mine.reverse()
+                        stack.extend(mine)
+                        break
                     if kind == MAP:
                         fn: Any = fns[op]  # too many or too large outputs: bounded_outputs makes a dead letter
                         results = bounded_outputs(fn(payload), max_outputs, max_output_bytes)
@@ -229,9 +300,9 @@ class Worker:
                 if outs is None:  # broadcast: a copy per output
                     for i, dst in enumerate(routes[op]):
                         sent += self._route(dst, [(payload, gt, trace + _child(i), tomb)], h, local, remote, barrier,
-                                            copy, emits)
+                                            copy, emits, lo, hi)
                 elif outs:  # every other operation has one downstream operation
-                    sent += self._route(nxt, outs, h, local, remote, barrier, copy, emits)
+                    sent += self._route(nxt, outs, h, local, remote, barrier, copy, emits, lo, hi)
                 if local:
                     local.reverse()
                     stack.extend(local)
@@ -241,9 +312,26 @@ class Worker:
                 remote, barrier, sent = {}, [], 0
         yield remote, barrier
 
+    def _share(self, op: int, item: Item, shared: SharedPrefix) -> tuple[list[Envelope], list[Item]]:
+        """Run entry map ``op`` on ``item`` and route all of its outputs, whichever worker owns them, for
+        ``shared`` to keep for the other workers.  A map that fails keeps nothing: every worker fails it alike
+        (``run`` makes the dead letter)."""
+        plan = self.plan
+        payload, gt, trace, tomb = item
+        fn: Any = plan.fns[op]
+        results = bounded_outputs(fn(payload), plan.max_outputs, plan.max_output_bytes)
+        routed: list[Envelope] = []
+        dead: list[Item] = []
+        self._route(self._first[op], [(p, gt, trace + _child(i), tomb) for i, p in enumerate(results)], None,
+                    routed, {}, dead, True, True, INT32_MIN, INT32_MAX)
+        shared.keep(item, routed, dead)
+        return routed, dead
+
     def _route(self, dst: int, outs: list[Item], h: int | None, local: list[Envelope],
-               remote: dict[int, list[Envelope]], barrier: list[Item], copy: bool, emits: bool) -> int:
-        """Send ``outs`` to ``dst``: the barrier, this worker's stack, or by hash; returns how many went remote."""
+               remote: dict[int, list[Envelope]], barrier: list[Item], copy: bool, emits: bool, lo: int,
+               hi: int) -> int:
+        """Send ``outs`` to ``dst``: the barrier, this worker's stack, or by hash; returns how many went remote.
+        ``lo`` .. ``hi``: the hashes kept here (this worker's range; all of them for ``_share``)."""
         marks = self._marks[dst]
         if marks:  # into merges: past them at once (``_past_merges``)
             outs = [(p, gt, trace + marks, tomb) for p, gt, trace, tomb in outs]
@@ -256,11 +344,11 @@ class Worker:
             if emits:
                 barrier.extend(outs)
         else:
-            return self._route_hashed(dst, outs, local, remote, barrier, copy, emits)
+            return self._route_hashed(dst, outs, local, remote, barrier, copy, emits, lo, hi)
         return 0
 
     def _route_hashed(self, dst: int, items: list[Item], local: list[Envelope], remote: dict[int, list[Envelope]],
-                      barrier: list[Item], copy: bool, emits: bool) -> int:
+                      barrier: list[Item], copy: bool, emits: bool, lo: int, hi: int) -> int:
         """Route ``items`` bound to ``dst`` by its balancing function: here, to a remote worker, or dead letter.
 
         A replicated-prefix ``copy`` keeps only what is local: the owner of the rest computes it itself.
@@ -271,7 +359,7 @@ class Worker:
         """
         sent = 0
         balance: Any = self._balances[dst]
-        lo, hi, starts = self.lo, self.hi, self._starts
+        starts = self._starts
         smallest, largest = INT32_MIN, INT32_MAX
         for item in items:
             try:
