@@ -107,3 +107,10 @@ def test_a_worker_taking_what_another_routed_emits_what_it_would_have(graph: Gra
     assert len(shared) == 0
     if graph.name == "spread":  # three workers alone, then once for the three sharing, or once each where it fails
         assert {x: 6 if x % 5 == 0 else 4 for x in range(1, 25)} == SPREAD_CALLS
+
+
+def test_a_worker_with_a_cut_refuses_to_share() -> None:
+    """It would never take what the others keep for it, and they would hold every input for good."""
+    plan = compile_graph(wordcount.graph())
+    with pytest.raises(ValueError, match="cut"):
+        Worker(plan, 0, Layout.even(2), frozenset({1}), shared=SharedPrefix(2))

@@ -13,8 +13,10 @@ flush size of 1 to 256 items), and the scheduler may run other workers and the b
 pieces; the step's receipt acks go last.  With ``adversarial=True`` every channel
 gets a speed drawn over three orders of magnitude and slow channels keep
 missing steps, so some paths lag far behind and replays/retractions pile up.
-One thing differs from separate processes, the amount of work only: a
-replicated entry map runs once per input for all workers (``SharedPrefix``).
+One thing differs from separate processes: a replicated entry map routed by
+hash runs once per input for all workers, not once per worker
+(``SharedPrefix``).  The output is the same; the map's function is called
+fewer times, and an input's outputs are held until the slowest worker took them.
 """
 
 from __future__ import annotations

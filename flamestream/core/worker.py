@@ -17,9 +17,9 @@ still produced exactly once, with the same trace, but a grouping now receives
 one front's items in global-time order, where before the words of a line split
 on another worker raced the local ones and forced replays (word count under
 load: replay overhead 16 -> 1).  The price is the prefix's CPU on every
-worker (workers of one process share it: ``SharedPrefix``).  Inside the
-prefix, an envelope's hash being set on an unbalanced operation is what marks
-it as such a copy.
+worker (workers of one process share an entry map routed by hash:
+``SharedPrefix``).  Inside the prefix, an envelope's hash being set on an
+unbalanced operation is what marks it as such a copy.
 """
 
 from __future__ import annotations
@@ -145,7 +145,10 @@ class SharedPrefix:
     one (callgrind, ``bench/local.py``'s corpus).  The items are the same ones
     each worker would have built: the prefix is stateless, and payloads are
     never mutated (the rule that already lets the front hand every worker one
-    item).  An input is held only until its last reader took it.
+    item).  An input is held until its last reader took it: under lag, what
+    is in flight between the fastest worker and the slowest.  Every worker
+    given one must share (``Worker`` refuses it with a ``cut``), or the others'
+    inputs stay held.
     """
 
     def __init__(self, readers: int) -> None:
@@ -171,9 +174,8 @@ class SharedPrefix:
         return routed, dead
 
     def keep(self, item: Item, routed: list[Envelope], dead: list[Item]) -> None:
-        if self.readers > 1:
-            payload, gt, trace, tomb = item
-            self._kept[(gt, trace)] = (payload, tomb, routed, dead, self.readers - 1)
+        payload, gt, trace, tomb = item
+        self._kept[(gt, trace)] = (payload, tomb, routed, dead, self.readers - 1)
 
     def __len__(self) -> int:
         """Inputs held for workers yet to take them (none once a run is over)."""
@@ -186,6 +188,8 @@ class Worker:
         """``cut``: groupings whose input is set aside in ``self.cut_off`` instead of processed — batch replay
         runs each grouping in a stage of its own, so its state lives in exactly one place.  ``shared``: the
         replicated prefix's work shared with the other workers of this process (``SharedPrefix``)."""
+        if cut and shared is not None:
+            raise ValueError("a worker with a cut does not share the replicated prefix: give it no SharedPrefix")
         self.plan = plan
         self.cut = cut
         self.cut_off: list[Envelope] = []
@@ -213,7 +217,7 @@ class Worker:
         self._by_name = {plan.names[op]: grouping for op, grouping in self.groupings.items()}
         entry = plan.entry
         self._shared = shared if shared is not None and shared.readers > 1 and (
-            plan.replicated and not cut and plan.kinds[entry] == MAP
+            plan.replicated and plan.kinds[entry] == MAP
             and self._modes[self._targets[self._first[entry]]] == _HASHED) else None
         """Set only where it applies: the entry is a map whose outputs are routed by hash (word count's split),
         and other workers share it."""
