@@ -407,6 +407,9 @@ def test_complete_snapshots_and_the_oldest_one_of_any_tick(zookeeper: str, clust
             for i in workers:
                 store.register_snapshot(0, boundary, i, {"path": f"/x/{boundary}/{i}"})
         assert store.complete_snapshots(0, 2) == ["1000-0", "2000-0", "10000-0"]  # by time, not as strings
+        # retention's read: who registered each boundary, the names only (what complete_boundaries counts)
+        assert store.registered_snapshots(0) == {b: dict.fromkeys(r) for b, r in store.snapshots(0).items()}
+        assert store.registered_snapshots(0)["999-1"] == {"worker1": None} and store.registered_snapshots(7) == {}
         assert store.complete_snapshots(0, 3) == []
         for i in (0, 1, 2):
             store.register_snapshot(1, "20000-0", i, {})

@@ -576,14 +576,14 @@ class WorkerService(rpc.WorkerServicer):
         (a worker that stopped between writing and registering) go too.
         """
         assert self.store is not None and self.data_dir is not None
-        own = self.store.snapshots(tick.number)
+        own = self.store.registered_snapshots(tick.number)
         complete = [boundary_of(b) for b in complete_boundaries(own, len(tick.workers))]
         if len(complete) < self.snapshot_retention:
             return
         oldest_kept = complete[-self.snapshot_retention]
         doomed = [(tick.number, b) for b in own if boundary_of(b) < oldest_kept]
         for number in range(self._swept_ticks, tick.number):
-            doomed += [(number, b) for b in self.store.snapshots(number)]
+            doomed += [(number, b) for b in self.store.registered_snapshots(number)]
         # A directory is per boundary, not per tick: a recovery tick starting at T writes the boundaries after T
         # that its crashed predecessor may have written too, into the same directory.  Forgetting the old tick's
         # registration must not delete the files this tick keeps there.
