@@ -690,10 +690,10 @@ class ClusterStore:
 
 
 def complete_boundaries(snapshots: dict[str, dict[str, Any]], workers: int) -> list[str]:
-    """The complete ones of a tick's ``snapshots`` (``ClusterStore.snapshots``), oldest first: see
-    ``ClusterStore.complete_snapshots``.  Apart, so a reader that needs the registrations too (retention, once a
-    second on every worker) reads them from ZooKeeper once, and one that needs only their names (the fronts'
-    ``oldest_complete_snapshot``) reads no more."""
+    """The complete ones of a tick's ``snapshots`` (boundary -> the names that registered it, with or without
+    their registrations: ``ClusterStore.registered_snapshots`` or ``snapshots``), oldest first: see
+    ``ClusterStore.complete_snapshots``.  Apart, so that the readers, which all need only the names (retention,
+    once a second on every worker; the fronts' ``oldest_complete_snapshot``), read no more than those."""
     _check_count("workers", workers)
     needed = {f"worker{i}" for i in range(workers)}
     return sorted((boundary for boundary, registered in snapshots.items() if needed <= registered.keys()),
