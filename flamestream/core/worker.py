@@ -200,6 +200,8 @@ class Worker:
         compiled), and a call into it cost more than the routing around it."""
         self._balances = plan.balances
         """Read once per routed output list: the plan is a plain dataclass, each attribute read a dict lookup."""
+        self._fns, self._max_outputs, self._max_output_bytes = plan.fns, plan.max_outputs, plan.max_output_bytes
+        """Read once per map call (``_mapped``), for the same reason."""
         self._first = [r[0] if r else -1 for r in plan.routes]
         """Each operation's first (for all but broadcast: only) downstream operation."""
         self._modes = [_SINK if kind == SINK else _LOCAL if plan.balances[i] is None else _HASHED
@@ -237,10 +239,8 @@ class Worker:
         empty; without ``flush`` it is the only one.
         """
         plan = self.plan
-        kinds, fns, routes, names, balances = plan.kinds, plan.fns, plan.routes, plan.names, plan.balances
-        equivalences, first, modes, targets, suffixes = (plan.equivalences, self._first, self._modes,
-                                                         self._targets, self._suffixes)
-        max_outputs, max_output_bytes = plan.max_outputs, plan.max_output_bytes
+        kinds, routes, names, balances = plan.kinds, plan.routes, plan.names, plan.balances
+        equivalences, first, modes = plan.equivalences, self._first, self._modes
         groupings, entry, shared = self.groupings, plan.entry, self._shared
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
@@ -270,14 +270,7 @@ class Worker:
                         stack.extend(mine)
                         break
                     if kind == MAP:
-                        fn: Any = fns[op]  # too many or too large outputs: bounded_outputs makes a dead letter
-                        results = bounded_outputs(fn(payload), max_outputs, max_output_bytes)
-                        marks = suffixes[op]
-                        if marks is not None and len(results) <= 256:  # straight past the merges it feeds
-                            outs = [(p, gt, trace + marks[i], tomb) for i, p in enumerate(results)]
-                            nxt = targets[nxt]
-                        else:
-                            outs = [(p, gt, trace + _child(i), tomb) for i, p in enumerate(results)]
+                        outs, nxt = self._mapped(op, item)
                     elif kind == GROUPING:
                         eq = equivalences[op]
                         outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
@@ -320,16 +313,24 @@ class Worker:
         """Run entry map ``op`` on ``item`` and route all of its outputs, whichever worker owns them, for
         ``shared`` to keep for the other workers.  A map that fails keeps nothing: every worker fails it alike
         (``run`` makes the dead letter)."""
-        plan = self.plan
-        payload, gt, trace, tomb = item
-        fn: Any = plan.fns[op]
-        results = bounded_outputs(fn(payload), plan.max_outputs, plan.max_output_bytes)
+        outs, nxt = self._mapped(op, item)
         routed: list[Envelope] = []
         dead: list[Item] = []
-        self._route(self._first[op], [(p, gt, trace + _child(i), tomb) for i, p in enumerate(results)], None,
-                    routed, {}, dead, True, True, INT32_MIN, INT32_MAX)
+        self._route(nxt, outs, None, routed, {}, dead, True, True, INT32_MIN, INT32_MAX)
         shared.keep(item, routed, dead)
         return routed, dead
+
+    def _mapped(self, op: int, item: Item) -> tuple[list[Item], int]:
+        """Map ``op``'s outputs of ``item``, and the operation they go to.  Too many or too large outputs raise
+        (``bounded_outputs``): the caller makes the dead letter."""
+        payload, gt, trace, tomb = item
+        fn: Any = self._fns[op]
+        results = bounded_outputs(fn(payload), self._max_outputs, self._max_output_bytes)
+        nxt = self._first[op]
+        marks = self._suffixes[op]
+        if marks is not None and len(results) <= 256:  # straight past the merges it feeds
+            return [(p, gt, trace + marks[i], tomb) for i, p in enumerate(results)], self._targets[nxt]
+        return [(p, gt, trace + _child(i), tomb) for i, p in enumerate(results)], nxt
 
     def _route(self, dst: int, outs: list[Item], h: int | None, local: list[Envelope],
                remote: dict[int, list[Envelope]], barrier: list[Item], copy: bool, emits: bool, lo: int,
