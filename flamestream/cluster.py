@@ -559,11 +559,16 @@ class ClusterStore:
             boundaries = self._zk.get_children(root)
         except NoNodeError:
             return {}
-        found: dict[str, dict[str, None]] = {}
-        for boundary in boundaries:
-            with contextlib.suppress(NoNodeError):  # forgotten meanwhile
-                found[boundary] = dict.fromkeys(self._zk.get_children(f"{root}/{boundary}"))
-        return found
+        found = {boundary: self._registrants(root, boundary) for boundary in boundaries}
+        return {boundary: names for boundary, names in found.items() if names is not None}
+
+    def _registrants(self, root: str, boundary: str) -> dict[str, None] | None:
+        """The member names that registered the snapshot ``boundary`` under ``root``, or None if it was forgotten
+        meanwhile."""
+        try:
+            return dict.fromkeys(self._zk.get_children(f"{root}/{boundary}"))
+        except NoNodeError:
+            return None
 
     def oldest_complete_snapshot(self, seen: SnapshotsSeen | None = None) -> str | None:
         """The oldest boundary of any tick's complete snapshot still registered, or None if there is none.
@@ -606,10 +611,9 @@ class ClusterStore:
                 if (n, boundary) in seen.complete:
                     complete.append(boundary)
                     continue
-                try:
-                    unknown[boundary] = dict.fromkeys(self._zk.get_children(f"{root}/{boundary}"))
-                except NoNodeError:
-                    continue
+                names = self._registrants(root, boundary)
+                if names is not None:
+                    unknown[boundary] = names
             complete += complete_boundaries(unknown, workers)
             complete_now.update((n, b) for b in complete)
             if complete:
