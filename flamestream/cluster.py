@@ -30,7 +30,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -514,13 +514,26 @@ class ClusterStore:
 
         The snapshot of a boundary is complete once every worker of the tick
         registered it; only then may a new tick start from it.
+
+        One transaction creates the boundary's node with the registration, so
+        the first worker to register a boundary makes one request where
+        ``makepath`` made five (a failed create, two existence checks and two
+        creates); they landed, with retention's, in the burst after every
+        snapshot boundary.  The others find the node there and create only
+        their registration.
         """
-        boundary = _check_name("boundary", boundary)
-        path = f"{self._snapshots_path(tick)}/{boundary}/worker{_check_count('worker', worker)}"
-        try:
-            self._zk.create(path, _encode(info), makepath=True)
+        node = f"{self._snapshots_path(tick)}/{_check_name('boundary', boundary)}"
+        path = f"{node}/worker{_check_count('worker', worker)}"
+        data = _encode(info)
+        transaction = self._zk.transaction()
+        transaction.create(node)
+        transaction.create(path, data)
+        if not any(isinstance(result, Exception) for result in transaction.commit()):
+            return
+        try:  # the node was there (another worker was first) or the tick's had none yet
+            self._zk.create(path, data, makepath=True)
         except NodeExistsError:  # written again (a restarted worker): the file was replaced atomically too
-            self._zk.set(path, _encode(info))
+            self._zk.set(path, data)
 
     def snapshots(self, tick: int) -> dict[str, dict[str, dict[str, Any]]]:
         """Boundary -> worker member name -> the info it registered, for every snapshot of ``tick``."""
@@ -544,7 +557,8 @@ class ClusterStore:
         """
         return complete_boundaries(self.registered_snapshots(tick), workers)
 
-    def registered_snapshots(self, tick: int) -> dict[str, dict[str, None]]:
+    def registered_snapshots(self, tick: int, complete: Mapping[str, dict[str, None]] | None = None
+                             ) -> dict[str, dict[str, None]]:
         """Boundary -> the member names (``worker<i>``) that registered it, for every snapshot of ``tick``: what
         ``complete_boundaries`` counts, without reading the registrations themselves.
 
@@ -553,13 +567,20 @@ class ClusterStore:
         boundary (ten a second per worker, where this takes four), and those
         requests, the kazoo threads serving them and their hand-overs of the
         interpreter lock, landed on the node in the burst after every boundary.
+
+        ``complete``: boundaries the caller saw complete before, with their
+        names.  A complete snapshot's registrations change no more until it is
+        forgotten, so they are not listed again; retention passes what it saw
+        last time and lists only the boundaries that are new since.
         """
         root = self._snapshots_path(tick)
         try:
             boundaries = self._zk.get_children(root)
         except NoNodeError:
             return {}
-        found = {boundary: self._registrants(root, boundary) for boundary in boundaries}
+        known = complete or {}
+        found = {boundary: known[boundary] if boundary in known else self._registrants(root, boundary)
+                 for boundary in boundaries}
         return {boundary: names for boundary, names in found.items() if names is not None}
 
     def _registrants(self, root: str, boundary: str) -> dict[str, None] | None:
@@ -629,10 +650,25 @@ class ClusterStore:
         seen.workers = {n: w for n, w in seen.workers.items() if n >= seen.since}
         return oldest
 
-    def forget_snapshot(self, tick: int, boundary: str) -> None:
-        """Remove a snapshot's registrations (its files are gone or going): retention."""
+    def forget_snapshot(self, tick: int, boundary: str, names: Iterable[str] = ()) -> None:
+        """Remove a snapshot's registrations (its files are gone or going): retention.
+
+        ``names``: the registrations retention read (``registered_snapshots``).
+        With them one transaction deletes them and the node, where a
+        recursive delete lists the node first and deletes each in a request of
+        its own.  If that fails (another worker of the tick was first, or a
+        registration came meanwhile), the recursive delete does what is left.
+        """
+        node = f"{self._snapshots_path(tick)}/{_check_name('boundary', boundary)}"
+        if names:
+            transaction = self._zk.transaction()
+            for name in names:
+                transaction.delete(f"{node}/{_check_name('registration', name)}")
+            transaction.delete(node)
+            if not any(isinstance(result, Exception) for result in transaction.commit()):
+                return
         with contextlib.suppress(NoNodeError):  # another worker of the tick was first
-            self._zk.delete(f"{self._snapshots_path(tick)}/{_check_name('boundary', boundary)}", recursive=True)
+            self._zk.delete(node, recursive=True)
 
     def legacy_offsets(self, topic: str, partition: int) -> dict[str, int]:
         """Group -> offset committed as ``offsets/<group>/<topic>/<partition>``, where consumer offsets lived until

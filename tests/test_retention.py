@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -477,6 +477,46 @@ def test_a_look_reads_only_the_registrations_it_has_not_seen_complete(zookeeper:
         finally:
             zk.get_children, zk.get = children, data
         assert calls == [f"{store.base}/ticks", f"{store.base}/ticks/{0:010d}/snapshots"]
+
+
+def test_registering_and_forgetting_a_snapshot_take_a_request_or_two(zookeeper: str, cluster_name: str) -> None:
+    """What every worker asks ZooKeeper after each periodic snapshot: the first registration of a boundary creates
+    its node in the same request, and retention's read skips the boundaries it saw complete and forgets one in a
+    single request; whoever comes second, or with stale names, still ends with the same nodes."""
+    with ClusterStore(zookeeper, cluster=cluster_name) as store:
+        store.publish_tick({"workers": ["a", "b"]})
+        store.register_snapshot(0, "500-0", 0, {"v": 1})  # the tick's first: its snapshots node is made too
+        zk = store._zk  # counts every request the real client sends (kazoo sends each through _call)
+        send, calls = zk._call, []
+
+        def counted(request: Any, result: Any) -> Any:
+            calls.append(type(request).__name__)
+            return send(request, result)
+
+        def requests(call: Callable[[], Any]) -> list[str]:
+            calls.clear()
+            zk._call = counted
+            try:
+                call()
+            finally:
+                zk._call = send
+            return list(calls)
+
+        assert requests(lambda: store.register_snapshot(0, "1000-0", 0, {"v": 1})) == ["Transaction"]
+        assert requests(lambda: store.register_snapshot(0, "1000-0", 1, {"v": 1})) == ["Transaction", "Create"]
+        store.register_snapshot(0, "1000-0", 1, {"v": 2})  # a restarted worker registers again
+        assert store.snapshots(0)["1000-0"] == {"worker0": {"v": 1}, "worker1": {"v": 2}}
+        store.register_snapshot(0, "500-0", 1, {})
+        store.register_snapshot(0, "2000-0", 0, {})
+        full = store.registered_snapshots(0)
+        seen = {b: full[b] for b in ("500-0", "1000-0")}
+        assert requests(lambda: store.registered_snapshots(0, seen)) == ["GetChildren", "GetChildren"]
+        assert store.registered_snapshots(0, seen) == full
+        assert requests(lambda: store.forget_snapshot(0, "500-0", full["500-0"])) == ["Transaction"]
+        store.forget_snapshot(0, "500-0", full["500-0"])  # another worker was first: nothing left, no error
+        store.register_snapshot(0, "2000-0", 1, {})
+        store.forget_snapshot(0, "2000-0", ["worker0"])  # a registration came after the read: it goes too
+        assert store.registered_snapshots(0) == {"1000-0": {"worker0": None, "worker1": None}}
 
 
 # -- real clusters ---------------------------------------------------------------------------------------------

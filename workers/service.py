@@ -239,6 +239,9 @@ class WorkerService(rpc.WorkerServicer):
         self._writing: asyncio.Task[None] | None = None
         self._swept_ticks = 0
         """Ticks below this number have had their snapshots deleted by ``_retain`` (none are written any more)."""
+        self._complete_seen: tuple[int, dict[str, dict[str, None]]] = (-1, {})
+        """The tick and its complete snapshots (boundary -> registrants) ``_retain`` saw last, which it need not
+        list again: a complete snapshot's registrations do not change until it is forgotten."""
         self.supervisor: Supervisor | None = None
 
     async def close(self) -> None:
@@ -576,22 +579,25 @@ class WorkerService(rpc.WorkerServicer):
         (a worker that stopped between writing and registering) go too.
         """
         assert self.store is not None and self.data_dir is not None
-        own = self.store.registered_snapshots(tick.number)
-        complete = [boundary_of(b) for b in complete_boundaries(own, len(tick.workers))]
+        seen_tick, seen = self._complete_seen
+        own = self.store.registered_snapshots(tick.number, seen if seen_tick == tick.number else None)
+        names = complete_boundaries(own, len(tick.workers))
+        self._complete_seen = (tick.number, {b: own[b] for b in names})
+        complete = [boundary_of(b) for b in names]
         if len(complete) < self.snapshot_retention:
             return
         oldest_kept = complete[-self.snapshot_retention]
-        doomed = [(tick.number, b) for b in own if boundary_of(b) < oldest_kept]
+        doomed = [(tick.number, b, own[b]) for b in own if boundary_of(b) < oldest_kept]
         for number in range(self._swept_ticks, tick.number):
-            doomed += [(number, b) for b in self.store.registered_snapshots(number)]
+            doomed += [(number, b, r) for b, r in self.store.registered_snapshots(number).items()]
         # A directory is per boundary, not per tick: a recovery tick starting at T writes the boundaries after T
         # that its crashed predecessor may have written too, into the same directory.  Forgetting the old tick's
         # registration must not delete the files this tick keeps there.
         kept = {b for b in own if boundary_of(b) >= oldest_kept}
-        for number, boundary in doomed:
+        for number, boundary, registrants in doomed:
             if boundary not in kept:
                 shutil.rmtree(snapshot_dir(self.data_dir, boundary_of(boundary)), ignore_errors=True)
-            self.store.forget_snapshot(number, boundary)
+            self.store.forget_snapshot(number, boundary, registrants)
         self._swept_ticks = max(self._swept_ticks, tick.number)
         with contextlib.suppress(FileNotFoundError):
             for directory in (self.data_dir / "snapshots").iterdir():
