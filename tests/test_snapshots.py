@@ -28,6 +28,7 @@ from flamestream.storage.snapshots import (
     snapshot_path,
     write_snapshot,
 )
+from flamestream.workers import pacing
 from flamestream.workers.service import MAX_SNAPSHOT_STRIDE, snapshot_stride
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=2**70),
@@ -416,3 +417,45 @@ def test_an_image_through_any_sequence_of_changes_writes_exactly_the_state(
         info, back = read_snapshot(path)
         assert by_key(back) == {"g": state}
         assert (info.keys, info.items) == (len(state), sum(len(entries) for _h, entries in state.values()))
+
+
+def test_a_paced_image_update_in_slices_writes_what_one_update_writes(tmp_path: Path) -> None:
+    """``pacing``: the changes applied slice by slice, a little CPU at a time (none here: every call stops after
+    its first slice), write the same file as one ``update``, groupings named without buckets included."""
+    at, state = handover_state()
+    name = next(n for n, buckets in state.items() if len(buckets) >= 2)
+    (h0, k0, _e0), (h1, k1, e1) = state[name][:2]
+    changes: WorkerState = {name: [(h0, k0, e1), (h1, k1, []), (7, ("new", 1), e1)], "empty": []}
+    whole, paced = SnapshotImage(), SnapshotImage()
+    whole.update(state)
+    whole.update(changes)
+    paced.update(state)
+    parts = pacing.slices(changes, size=1)
+    calls = 0
+    while True:
+        calls += 1
+        done, cpu = pacing.encode_slices(paced, parts, cpu=0.0)
+        assert cpu >= 0.0
+        if done:
+            break
+    assert calls == 1 + 3 + 1  # the groupings' names, a bucket each, and the call that finds nothing left
+    one, sliced = snapshot_path(tmp_path / "one", at, 0), snapshot_path(tmp_path / "sliced", at, 0)
+    assert whole.write(one, boundary=at, worker=0, tick=1) == paced.write(sliced, boundary=at, worker=0, tick=1)
+    assert one.read_bytes() == sliced.read_bytes()
+    assert list(pacing.slices({"a": [], "b": []})) == [{"a": [], "b": []}]
+    first, *rest = pacing.slices(state, size=2)  # every bucket once, in order, at most two a part
+    assert first == {n: [] for n in state} and all(len(p) == 1 and len(*p.values()) <= 2 for p in rest)
+    rebuilt: WorkerState = {n: [] for n in state}
+    for part in rest:
+        for n, buckets in part.items():
+            rebuilt[n] += buckets
+    assert rebuilt == state
+
+
+def test_a_pause_is_a_multiple_of_the_slice_until_the_deadline() -> None:
+    """After a slice of CPU the writer pauses ``PAUSE_FACTOR`` times as long, but never past its deadline: a
+    snapshot late in its budget goes on unpaced."""
+    assert pacing.pause(0.004, now=10.0, deadline=11.0) == pytest.approx(0.004 * pacing.PAUSE_FACTOR)
+    assert pacing.pause(0.004, now=10.0, deadline=10.01) == pytest.approx(0.01)
+    assert pacing.pause(0.004, now=10.0, deadline=9.0) == 0.0
+    assert pacing.pause(0.0, now=10.0, deadline=11.0) == 0.0

@@ -66,6 +66,7 @@ from flamestream.storage.snapshots import (
 from flamestream.wire import codec, transport
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
+from flamestream.workers import pacing
 
 Acks = dict[GlobalTime, int]
 
@@ -135,12 +136,10 @@ def _catch_up(graph: dict[str, Any], state: WorkerState, start: GlobalTime, stop
     return core.snapshot(stop), len(events)
 
 
-def _write_changes(image: SnapshotImage, changes: WorkerState, spent: list[float], path: Path, *,
-                   boundary: GlobalTime, worker: int, tick: int) -> SnapshotInfo:
-    """Encode ``changes`` into ``image`` and write it, both in the writer's thread: encoding is most of the cost.
-    The thread's CPU seconds for it are appended to ``spent``."""
+def _write_image(image: SnapshotImage, spent: list[float], path: Path, *, boundary: GlobalTime, worker: int,
+                 tick: int) -> SnapshotInfo:
+    """Write ``image`` in the writer's thread; the thread's CPU seconds for it are appended to ``spent``."""
     started = time.thread_time()
-    image.update(changes)
     info = image.write(path, boundary=boundary, worker=worker, tick=tick)
     spent.append(time.thread_time() - started)
     return info
@@ -536,12 +535,25 @@ class WorkerService(rpc.WorkerServicer):
                         cpu: float) -> None:
         """A periodic snapshot from the ``changes`` since the previous one (``cpu``: the seconds taking them
         cost the event loop).  If it fails (a full disk), the next one rebuilds the image from the whole state,
-        and the worker is SERVING again once one succeeds."""
+        and the worker is SERVING again once one succeeds.
+
+        Paced (``pacing``): the changes are encoded into the image in slices
+        of CPU, with pauses after each slice and each later step, over the
+        first half of the time until the next snapshot at this stride.
+        """
         image = deployment.image
         assert image is not None and self.supervisor is not None
         spent: list[float] = []
+        paced = pacing.Pacing(self.snapshot_interval * self.snapshot_stride / 1000 / 2)
         try:
-            await self._write(deployment, boundary, functools.partial(_write_changes, image, changes, spent))
+            parts = pacing.slices(changes)
+            while True:
+                done, used = await asyncio.to_thread(pacing.encode_slices, image, parts)
+                spent.append(used)
+                await paced.pause(used)
+                if done:
+                    break
+            await self._write(deployment, boundary, functools.partial(_write_image, image, spent), paced)
         except Exception:
             deployment.image = None
             raise
@@ -553,18 +565,24 @@ class WorkerService(rpc.WorkerServicer):
             self.snapshot_stride = stride
         await self.supervisor.recovered(self.name, "snapshot below")
 
-    async def _write(self, deployment: _Deployment, boundary: GlobalTime, write: Callable[..., SnapshotInfo]) -> None:
+    async def _write(self, deployment: _Deployment, boundary: GlobalTime, write: Callable[..., SnapshotInfo],
+                     paced: pacing.Pacing | None = None) -> None:
         """Write (with ``write``, off the event loop) and register this worker's snapshot of ``deployment`` below
-        ``boundary``; then retention."""
+        ``boundary``; then retention.  With ``paced``, a pause after each step (a hand-over's snapshot, which the
+        new tick waits for, goes without)."""
         assert self.store is not None and self.data_dir is not None
         tick = deployment.tick.number
         path = snapshot_path(self.data_dir, boundary, self.index)
         info = await asyncio.to_thread(write, path, boundary=boundary, worker=self.index, tick=tick)
+        if paced is not None:
+            await paced.pause()
         await asyncio.to_thread(self.store.register_snapshot, tick, boundary_name(boundary), self.index,
                                 {"path": str(path.resolve()), "sha256": info.sha256, "keys": info.keys,
                                  "items": info.items, "bytes": info.body_bytes})
         self.log.debug("snapshot of tick %d below %s: %d keys, %d items, %d bytes", tick, boundary_name(boundary),
                        info.keys, info.items, info.body_bytes)
+        if paced is not None:
+            await paced.pause()
         await asyncio.to_thread(self._retain, deployment.tick)
 
     def _retain(self, tick: Tick) -> None:
