@@ -47,7 +47,7 @@ from flamestream.core.tick import Layout, Tick
 from flamestream.runtime import launcher
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire import flamestream_pb2_grpc as rpc
-from tests.loopback import connections_to, start_server
+from tests.loopback import connections_to, free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -506,6 +506,38 @@ def test_an_anonymous_push_after_a_failed_one_is_admitted(
     asyncio.run(scenario())
     assert [payload for _producer, _sequence, payload in front.log] == ["lost reply", "next"]
     assert len({producer for producer, _sequence, _payload in front.log}) == 2
+
+
+def test_connect_opens_a_channel_to_every_front_and_barrier_before_any_call(
+        servers: AioServers, store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
+    fronts = [FakeFront(0), FakeFront(1)]
+    addresses = [add_front(servers, store, front) for front in fronts]
+    addresses.append(add_barrier(servers, store, FakeBarrier({0: [], 1: []})))
+    ports = [int(address.rsplit(":", 1)[1]) for address in addresses]
+
+    async def scenario() -> list[int]:
+        async with AsyncClient(zookeeper, cluster_name) as client:
+            assert [connections_to(port, own=True) for port in ports] == [0, 0, 0]
+            await client.connect()
+            return [connections_to(port, own=True) for port in ports]
+
+    assert asyncio.run(scenario()) == [1, 1, 1]
+    assert [front.calls for front in fronts] == [[], []]  # connected, nothing pushed
+
+
+def test_connect_names_the_member_it_cannot_reach(
+        servers: AioServers, store: ClusterStore, zookeeper: str, cluster_name: str) -> None:
+    add_front(servers, store, FakeFront(0))
+    gone = f"127.0.0.1:{free_port()}"
+    store.register("barrier", "barrier0", {"address": gone, "partitions": [0]})
+
+    async def scenario() -> None:
+        async with AsyncClient(zookeeper, cluster_name) as client:
+            with pytest.raises(ClientError, match=f"cannot reach {gone} within 0.5s") as raised:
+                await client.connect(timeout=0.5)
+            assert raised.value.code == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(scenario())
 
 
 def test_deploy_publishes_a_tick_of_the_registered_members(

@@ -53,6 +53,7 @@ class Flamestream:
 
     async def _run(self, pacer: Pacer, tracker: Tracker) -> dict[str, Any]:
         async with AsyncClient(self._state.zookeeper, self._state.cluster, credentials=self._credentials) as client:
+            await client.connect()  # before the clock: a producer connects once, not with its first event
             consumer = asyncio.create_task(self._consume(client, tracker))
             async for batch in pacer.abatches():
                 await client.push([payload for _event_id, payload in batch])
