@@ -239,6 +239,9 @@ class AckerRole:
     async def deploy(self, tick: Tick) -> None:
         self.service.deploy(tick)
 
+    def warm(self) -> None:
+        """Nothing to connect: the acker opens no streams, its senders and watchers connect to it."""
+
     def skip_through(self, tick: int) -> None:
         """Ticks reach this role only through ``deploy``, which the node filters."""
 

@@ -266,6 +266,7 @@ class _AckerLink:
         self.error: str | None = None
         """Why the ack stream broke, once it has."""
         self._channels = Channels(local, functools.partial(self._broke, supervisor, role))
+        self._stream = self._channels.stream(address, transport.ACK, f"acker at {address}")
         self._outbox: asyncio.Queue[pb.AckBatch] = asyncio.Queue()
         self._tasks = (supervisor.spawn(role, f"ack stream to acker {address}", self._send()),
                        supervisor.spawn(role, f"min-time watch on acker {address}", self._watch(on_min_time)))
@@ -274,11 +275,13 @@ class _AckerLink:
         """Queue receipt acks; never blocks, so a cancelled ``Deliver`` cannot lose or split them."""
         self._outbox.put_nowait(batch)
 
+    def warm(self) -> None:
+        self._channels.warm()
+
     async def _send(self) -> None:
-        stream = self._channels.stream(self.address, transport.ACK, f"acker at {self.address}")
         try:
             while True:
-                await stream.write(await self._outbox.get())
+                await self._stream.write(await self._outbox.get())
         except hosting.StreamBroken as exc:
             self.error = str(exc)
             raise
@@ -344,6 +347,11 @@ class BarrierService(pb_grpc.BarrierServicer):
         self._gate.deploy(tick.number, fresh=True)
         if previous is not None:
             await previous.close()
+
+    def warm(self) -> None:
+        """Connect the receipt-ack stream to the current tick's acker (``Channels.warm``)."""
+        if self._link is not None:
+            self._link.warm()
 
     def close(self) -> None:
         """End every subscription (with UNAVAILABLE, so consumers know to reconnect)."""
@@ -603,6 +611,10 @@ class BarrierRole:
     async def deploy(self, tick: Tick) -> None:
         assert self.service is not None
         await self.service.deploy(tick)
+
+    def warm(self) -> None:
+        assert self.service is not None
+        self.service.warm()
 
     def skip_through(self, tick: int) -> None:
         """Ticks reach this role only through ``deploy``, which the node filters."""

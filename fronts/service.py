@@ -106,6 +106,9 @@ class _Route:
         """The acker's min-time stream (an async iterator of ``pb.GlobalTime``)."""
         return self._channels.watch_min_time(self.tick.acker)
 
+    def warm(self) -> None:
+        self._channels.warm()
+
     async def close(self) -> None:
         tasks = [task for task in (self.watch, self.pacer) if task is not None]
         for task in tasks:
@@ -312,6 +315,13 @@ class FrontService(rpc.FrontServicer):
                    local, store, max_push_bytes, max_in_flight, pace_pushes)
 
     # -- deployment ---------------------------------------------------------------
+
+    def warm(self) -> None:
+        """Connect the streams of the current route and of the hand-over's next one, which takes over at its start
+        (``Channels.warm``)."""
+        for route in (self._route, self._next):
+            if route is not None:
+                route.warm()
 
     def skip_through(self, tick: int) -> None:
         """Take no tick up to ``tick`` (a restarted front must not route under its predecessor's tick)."""
@@ -1130,6 +1140,9 @@ class FrontRole:
 
     async def deploy(self, tick: Tick) -> None:
         await self.service.deploy(tick)
+
+    def warm(self) -> None:
+        self.service.warm()
 
     def skip_through(self, tick: int) -> None:
         # The stamping lease reads the ticks after the newest known one: not these.

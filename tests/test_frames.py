@@ -271,3 +271,95 @@ def test_a_status_frame_over_the_limit_breaks_the_stream_unread() -> None:
         assert f"a frame of 50000000 bytes (at most {frames.STATUS_BYTES})" in str(report)
 
     asyncio.run(scenario())
+
+
+class Opening(Collecting):
+    """Counts the calls that reached the handler: a frames call starts it when its method frame arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.called = asyncio.Event()
+
+    async def Exchange(self, request_iterator: Any, context: Any) -> pb.Empty:
+        self.calls += 1
+        self.called.set()
+        return await super().Exchange(request_iterator, context)
+
+
+def test_warm_connects_a_stream_before_its_first_write_which_then_uses_that_connection() -> None:
+    async def scenario() -> None:
+        receiver = Opening()
+        server, address = await start_server(lambda s: rpc.add_WorkerServicer_to_server(receiver, s),
+                                             {EXCHANGE: receiver.Exchange})
+        broken: list[StreamBroken] = []
+        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
+        try:
+            channels.stream(address, EXCHANGE, "worker 1")
+            channels.warm()
+            async with asyncio.timeout(10):
+                await receiver.called.wait()  # connected, and the method sent, with nothing written
+            assert receiver.got == []
+            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=7))
+        finally:
+            await channels.close()
+            await stop_server(server)
+        assert receiver.calls == 1 and receiver.got == [7] and receiver.ends == ["end"] and broken == []
+
+    asyncio.run(scenario())
+
+
+def test_a_warm_that_cannot_connect_leaves_the_failure_to_the_first_write() -> None:
+    """Nothing was written, so nothing is lost: the stream is not reported broken, and the first write tries to
+    connect again and raises as it would have without the warm-up."""
+    async def scenario() -> None:
+        broken: list[StreamBroken] = []
+        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
+        try:
+            channels.stream("node-without-port", EXCHANGE)
+            channels.warm()
+            with pytest.raises(StreamBroken, match="has no port"):
+                await channels.write("node-without-port", EXCHANGE, pb.ItemBatch())
+        finally:
+            await channels.close()
+        assert broken == []
+
+    asyncio.run(scenario())
+
+
+def test_close_cancels_a_warm_still_connecting_and_leaves_no_connection() -> None:
+    """A tick replaced while its streams connect: ``close`` must not wait for the connect, nor leave one behind."""
+    class Stalling(rpc.NodeServicer):
+        def __init__(self) -> None:
+            self.asked = asyncio.Event()
+
+            self.cancelled = asyncio.Event()
+
+        async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
+            self.asked.set()
+            try:
+                await asyncio.sleep(60)  # the peer's answer with its frames port never comes
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+            return pb.FramesPort(port=1)
+
+    async def scenario() -> None:
+        node = Stalling()
+        server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
+        channels = Channels(LocalEndpoints("127.0.0.1:1"))
+        try:
+            stream = channels.stream(address, EXCHANGE)
+            channels.warm()
+            async with asyncio.timeout(10):
+                await node.asked.wait()
+            await channels.close()
+            connecting = [task for task in asyncio.all_tasks() if task.get_coro().__name__ == "_connect_quietly"]
+            assert connecting == []  # cancelled and awaited by close, not left to run on
+            async with asyncio.timeout(10):
+                await node.cancelled.wait()  # the peer saw its call go
+            assert isinstance(stream, frames.FrameStream) and stream._writer is None
+        finally:
+            await stop_server(server)
+
+    asyncio.run(scenario())

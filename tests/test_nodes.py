@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2
 
@@ -73,6 +74,38 @@ def test_up_places_roles_on_nodes_and_each_role_has_health(two_nodes: tuple[Path
     entries = [json.loads(line) for line in (data / "logs" / "node0.log").read_text().splitlines()]
     assert any(e["node"] == "node0" and e["level"] == "INFO" and "serving acker, worker0, front0, barrier0" in
                e["message"] for e in entries)
+
+
+def frames_ports(node: dict[str, Any]) -> set[int]:
+    """The ports a node listens on besides its gRPC address's: its frames listener."""
+    grpc_port = int(node["address"].rsplit(":", 1)[1])
+    return {c.laddr.port for c in psutil.Process(node["pid"]).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN} - {grpc_port}
+
+
+def connected(source: dict[str, Any], target: dict[str, Any]) -> bool:
+    """Whether ``source`` holds a frames connection (a stream) to ``target``."""
+    ports = frames_ports(target)
+    return any(c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
+               for c in psutil.Process(source["pid"]).net_connections("tcp"))
+
+
+def test_a_deployed_tick_connects_its_streams_between_nodes_before_its_first_event(
+        two_nodes: tuple[Path, dict[str, Any]], zookeeper: str, cluster_name: str) -> None:
+    """Streams connect on their first write, which made the first event of a tick wait for every connection on
+    its path; the node connects the latest tick's streams once it is deployed (``Channels.warm``)."""
+    _, state = two_nodes
+    node0, node1 = (next(p for p in state["processes"] if p["name"] == name) for name in ("node0", "node1"))
+    assert not connected(node0, node1) and not connected(node1, node0)  # nothing deployed: no stream yet
+    assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper, "--cluster", cluster_name).returncode == 0
+    # The front and worker 0 to worker 1; worker 1 to the barrier and the acker, both on node0.
+    eventually(lambda: connected(node0, node1) and connected(node1, node0), "streams connected both ways")
+    with Client(zookeeper, cluster_name) as client:
+        client.connect()
+        client.push(["a b a"])
+        got = [r.payload for _, r in zip(range(3), client.consume(group="g", timeout=30), strict=False)]
+    assert sorted(got, key=json.dumps) == sorted([{"word": "a", "count": 1}, {"word": "b", "count": 1},
+                                                  {"word": "a", "count": 2}], key=json.dumps)
 
 
 def test_a_killed_node_makes_its_peer_exit_at_once_with_the_break_logged(

@@ -184,6 +184,12 @@ class _Deployment:
         self.tick = tick
         self.core = core
         self.streams = Channels(local, on_broken)
+        # Every stream the tick may write to, so that ``warm`` can connect them before its first events.
+        self.streams.stream(tick.acker, transport.ACK, f"acker at {tick.acker}")
+        for partition, address in tick.barriers:
+            self.streams.stream(address, transport.DELIVER, f"barrier {partition} at {address}")
+        for i, address in enumerate(tick.workers):
+            self.streams.stream(address, transport.EXCHANGE, f"worker {i} at {address}")
         self.restored = asyncio.Event()
         """Set once the state it takes over is loaded (at once for a tick that starts empty)."""
         self.waiting: list[tuple[list[Envelope], Acks]] = []
@@ -345,6 +351,11 @@ class WorkerService(rpc.WorkerServicer):
             self._min_time_task = self.supervisor.spawn(self.name, f"min-time watch of tick {tick.number}",
                                                         self._watch_min_time(tick.acker))
         self.ready.set()
+
+    def warm(self) -> None:
+        """Connect the current tick's streams (``Channels.warm``)."""
+        if self.current is not None:
+            self.current.streams.warm()
 
     async def _restore(self, deployment: _Deployment) -> None:
         """Load the previous tick's complete snapshot below this tick's start, then run what waited for it.
@@ -885,6 +896,10 @@ class WorkerRole:
     async def deploy(self, tick: Tick) -> None:
         assert self.service is not None
         await self.service.apply_tick(tick)
+
+    def warm(self) -> None:
+        assert self.service is not None
+        self.service.warm()
 
     def skip_through(self, tick: int) -> None:
         """Ticks reach this role only through ``deploy``, which the node filters."""

@@ -251,8 +251,10 @@ def use_tls(context: ssl.SSLContext | None) -> None:
 class FrameStream(Generic[_M]):
     """One long-lived stream to another node: the client end of a frames call.
 
-    Opened on the first write, so the ticks a restarting process replays from
-    ZooKeeper cost no connections to the processes of superseded deployments.
+    Opened on the first write, or before it by ``open`` (``Channels.warm``,
+    which the node calls for the latest tick only), so the ticks a restarting
+    process replays from ZooKeeper cost no connections to the processes of
+    superseded deployments.
     Never reopened: messages after a lost one may be lost too, so a broken
     stream is reported (``StreamBroken``) rather than silently replaced.
 
@@ -275,11 +277,15 @@ class FrameStream(Generic[_M]):
         self._closing = False
         self._opening = asyncio.Lock()
 
+    async def open(self) -> asyncio.StreamWriter:
+        """Connect now, unless connected already (the first write connects otherwise)."""
+        async with self._opening:  # one connection: writes racing the first must not open a second
+            return self._writer or await self._open()
+
     async def write(self, message: _M) -> None:
         writer = self._writer
         if writer is None:
-            async with self._opening:  # one connection: writes racing the first must not open a second
-                writer = self._writer or await self._open()
+            writer = await self.open()
         elif self._status is not None and self._status.done():
             raise StreamBroken(f"stream to {self.label} broke ({self._ended()})", self.address)
         try:

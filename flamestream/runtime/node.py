@@ -96,6 +96,11 @@ class Role(Protocol):
 
     async def deploy(self, tick: Tick) -> None: ...
 
+    def warm(self) -> None:
+        """Connect the streams of the latest tick deployed (``Channels.warm``).  Not called for a tick a newer one
+        already waits behind: a restart replays every tick, and the superseded ones' peers may be long gone."""
+        ...
+
     def skip_through(self, tick: int) -> None:
         """Never take ticks up to ``tick``: this process started after them and waits for the recovery tick
         (only roles that learn of ticks outside ``deploy`` need to do anything)."""
@@ -302,6 +307,9 @@ class Node:
                     await self.supervisor.recovered(role.name, "cannot deploy tick")
             self.applied = tick.number
             self._roster_changed.set()
+            if self._ticks.empty():  # the latest tick: connect its streams now, not on its first events
+                for role in self.roles:
+                    role.warm()
 
     async def _watch_recovery(self) -> None:
         """Restart (exit 1) when a peer of the running tick restarted; publish the recovery tick once all did
