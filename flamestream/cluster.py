@@ -124,8 +124,9 @@ class SnapshotsSeen:
     retention swept, and no worker registers there again (its own retention
     starts past it too), so looks start after the unbroken run of such ticks.
     ``workers``: each tick's number of workers (a published tick never
-    changes).  ``complete``: the (tick, boundary) registrations seen complete;
-    a snapshot stays complete until retention forgets it, so they are not read
+    changes).  ``complete``: tick -> the boundaries seen complete, with the
+    names that registered them (what ``registered_snapshots`` skips); a
+    snapshot stays complete until retention forgets it, so they are not read
     again while registered.  Were one forgotten and registered again partly
     between two looks, it would still count as complete: the oldest boundary
     can then only come out older, and the fronts keep more of their logs.
@@ -133,7 +134,7 @@ class SnapshotsSeen:
 
     since: int = 0
     workers: dict[int, int] = field(default_factory=dict)
-    complete: set[tuple[int, str]] = field(default_factory=set)
+    complete: dict[int, dict[str, dict[str, None]]] = field(default_factory=dict)
 
 
 class ClusterStore:
@@ -610,13 +611,9 @@ class ClusterStore:
         oldest: str | None = None
         swept: set[int] = set()
         newest_complete = -1
-        complete_now: set[tuple[int, str]] = set()
+        complete_now: dict[int, dict[str, dict[str, None]]] = {}
         for n in ticks:
-            root = self._snapshots_path(n)
-            try:
-                registered = self._zk.get_children(root)
-            except NoNodeError:
-                registered = []
+            registered = self.registered_snapshots(n, seen.complete.get(n))
             if not registered:
                 swept.add(n)
                 continue
@@ -626,20 +623,11 @@ class ClusterStore:
                 if tick is None:
                     continue
                 workers = seen.workers[n] = len(tick.get("workers", []))
-            complete: list[str] = []
-            unknown: dict[str, dict[str, Any]] = {}  # boundary -> its registrations' names
-            for boundary in registered:
-                if (n, boundary) in seen.complete:
-                    complete.append(boundary)
-                    continue
-                names = self._registrants(root, boundary)
-                if names is not None:
-                    unknown[boundary] = names
-            complete += complete_boundaries(unknown, workers)
-            complete_now.update((n, b) for b in complete)
+            complete = complete_boundaries(registered, workers)
             if complete:
+                complete_now[n] = {boundary: registered[boundary] for boundary in complete}
                 newest_complete = n
-                first = min(complete, key=boundary_of)
+                first = complete[0]  # oldest first
                 if oldest is None or boundary_of(first) < boundary_of(oldest):
                     oldest = first
         seen.complete = complete_now

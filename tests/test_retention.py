@@ -455,12 +455,13 @@ def test_a_look_reads_only_the_registrations_it_has_not_seen_complete(zookeeper:
         store.register_snapshot(0, "500-0", 0, {})
         seen = SnapshotsSeen()
         assert store.oldest_complete_snapshot(seen) == "1000-0"
-        assert seen.complete == {(0, "1000-0")} and seen.workers == {0: 2}
+        both = dict.fromkeys(["worker0", "worker1"])  # the names that registered a complete snapshot
+        assert seen.complete == {0: {"1000-0": both}} and seen.workers == {0: 2}
         store.register_snapshot(0, "500-0", 1, {})
         assert store.oldest_complete_snapshot(seen) == "500-0"
-        assert seen.complete == {(0, "1000-0"), (0, "500-0")}
+        assert seen.complete == {0: {"1000-0": both, "500-0": both}}
         store.forget_snapshot(0, "500-0")
-        assert store.oldest_complete_snapshot(seen) == "1000-0" and seen.complete == {(0, "1000-0")}
+        assert store.oldest_complete_snapshot(seen) == "1000-0" and seen.complete == {0: {"1000-0": both}}
         zk = store._zk  # spies on the real client's two reads, to count what the next look asks
         children, data = zk.get_children, zk.get
         calls: list[str] = []
