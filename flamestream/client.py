@@ -523,8 +523,11 @@ class AsyncClient:
         Why: each is a round trip or more (ZooKeeper's session, a TCP and HTTP/2 handshake, TLS's), and without
         this call the first push pays for all of them while the events behind it wait: in the bench's word count
         the first push took 61 ms, and the events that came due meanwhile were late for the next 0.2 s.  A
-        producer that cares about its first events' latency calls it once, before them.  Raises
-        ``ClientError`` if a member cannot be reached within ``timeout`` (default ``connect_timeout``).
+        producer that cares about its first events' latency calls it once, before them.
+
+        ``timeout`` (default ``connect_timeout``) bounds the wait for the channels only; the session and the reads
+        before it are bounded as every call's are (``connect_timeout``, ``retries``).  Raises ``ClientError``
+        (UNAVAILABLE) naming the addresses whose channel is not ready by then.
         """
         fronts = await self._retry("finding the fronts", self._tick_front_ids)
         addresses = {await self._retry("finding the fronts", functools.partial(self._front_address, front))
@@ -538,8 +541,10 @@ class AsyncClient:
         except TimeoutError:
             unready = [address for address, channel in channels.items()
                        if channel.get_state() != grpc.ChannelConnectivity.READY]
-            raise ClientError(f"cannot reach {', '.join(unready)} within {waiting:g}s (cluster {self.cluster!r})",
-                              grpc.StatusCode.UNAVAILABLE) from None
+            if unready:  # else all became ready as the time ran out
+                raise ClientError(f"cannot reach {', '.join(unready)} within {waiting:g}s (cluster {self.cluster!r}: "
+                                  "down, unreachable, or refusing this client's TLS credentials)",
+                                  grpc.StatusCode.UNAVAILABLE) from None
 
     async def rescale(self, workers: int) -> int:
         """Run the deployed graph on workers 0..``workers``-1 from a hand-over on; returns the new tick's number."""

@@ -571,8 +571,9 @@ class ClusterStore:
 
         ``complete``: boundaries the caller saw complete before, with their
         names.  A complete snapshot's registrations change no more until it is
-        forgotten, so they are not listed again; retention passes what it saw
-        last time and lists only the boundaries that are new since.
+        forgotten, so they are not listed again; retention and the fronts' look
+        (``oldest_complete_snapshot``) pass what they saw last time and list only
+        the boundaries that are new since.
         """
         root = self._snapshots_path(tick)
         try:

@@ -533,9 +533,9 @@ def test_connect_names_the_member_it_cannot_reach(
 
     async def scenario() -> None:
         async with AsyncClient(zookeeper, cluster_name) as client:
-            with pytest.raises(ClientError, match=f"cannot reach {gone} within 0.5s") as raised:
+            with pytest.raises(ClientError, match=r"cannot reach .* within 0\.5s") as raised:
                 await client.connect(timeout=0.5)
-            assert raised.value.code == grpc.StatusCode.UNAVAILABLE
+            assert gone in str(raised.value) and raised.value.code == grpc.StatusCode.UNAVAILABLE
 
     asyncio.run(scenario())
 

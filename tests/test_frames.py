@@ -309,50 +309,97 @@ def test_warm_connects_a_stream_before_its_first_write_which_then_uses_that_conn
     asyncio.run(scenario())
 
 
-def test_a_warm_that_cannot_connect_leaves_the_failure_to_the_first_write() -> None:
-    """Nothing was written, so nothing is lost: the stream is not reported broken, and the first write tries to
-    connect again and raises as it would have without the warm-up."""
+class SilentNode(rpc.NodeServicer):
+    """A peer whose answer with its frames port never comes; counts the askers."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.first = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
+        self.asked += 1
+        self.first.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return pb.FramesPort(port=1)
+
+
+def test_a_write_waiting_for_a_failing_warm_gets_its_failure_without_a_second_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Otherwise the write would wait ``CONNECT_WAIT`` for the warm, then again for its own connect."""
+    monkeypatch.setattr(frames, "CONNECT_WAIT", 0.3)
+
     async def scenario() -> None:
+        node = SilentNode()
+        server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
         broken: list[StreamBroken] = []
         channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
         try:
-            channels.stream("node-without-port", EXCHANGE)
+            channels.stream(address, EXCHANGE)
             channels.warm()
-            with pytest.raises(StreamBroken, match="has no port"):
-                await channels.write("node-without-port", EXCHANGE, pb.ItemBatch())
+            async with asyncio.timeout(10):
+                await node.first.wait()  # the warm is connecting: the write below waits for it
+            with pytest.raises(StreamBroken, match=r"no answer within 0\.3 s"):
+                await channels.write(address, EXCHANGE, pb.ItemBatch())
         finally:
             await channels.close()
-        assert broken == []
+            await stop_server(server)
+        assert node.asked == 1 and broken == []  # one connect, reported by the write, not as a break
+
+    asyncio.run(scenario())
+
+
+def test_a_write_after_a_failed_warm_connects_again() -> None:
+    """Nothing was written, so nothing is lost: a peer that failed the warm's connect takes the first write's."""
+    class FlakyNode(rpc.NodeServicer):
+        def __init__(self, port: int) -> None:
+            self.port, self.asked = port, 0
+
+        async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
+            self.asked += 1
+            if self.asked == 1:
+                await context.abort(grpc.StatusCode.INTERNAL, "not yet")
+            return pb.FramesPort(port=self.port)
+
+    async def scenario() -> None:
+        receiver = Collecting()
+        listener = FrameServer({EXCHANGE: receiver.Exchange}.get, None)
+        node = FlakyNode(await listener.start("127.0.0.1"))
+        server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
+        broken: list[StreamBroken] = []
+        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
+        try:
+            channels.stream(address, EXCHANGE)
+            channels.warm()
+            async with asyncio.timeout(10):
+                while channels._warming:  # the warm's connect failed and is over
+                    await asyncio.sleep(0.01)
+            assert node.asked == 1
+            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=3))
+        finally:
+            await channels.close()
+            await stop_server(server)
+            await listener.close()
+        assert node.asked == 2 and receiver.got == [3] and receiver.ends == ["end"] and broken == []
 
     asyncio.run(scenario())
 
 
 def test_close_cancels_a_warm_still_connecting_and_leaves_no_connection() -> None:
     """A tick replaced while its streams connect: ``close`` must not wait for the connect, nor leave one behind."""
-    class Stalling(rpc.NodeServicer):
-        def __init__(self) -> None:
-            self.asked = asyncio.Event()
-
-            self.cancelled = asyncio.Event()
-
-        async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
-            self.asked.set()
-            try:
-                await asyncio.sleep(60)  # the peer's answer with its frames port never comes
-            except asyncio.CancelledError:
-                self.cancelled.set()
-                raise
-            return pb.FramesPort(port=1)
-
     async def scenario() -> None:
-        node = Stalling()
+        node = SilentNode()
         server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
         channels = Channels(LocalEndpoints("127.0.0.1:1"))
         try:
             stream = channels.stream(address, EXCHANGE)
             channels.warm()
             async with asyncio.timeout(10):
-                await node.asked.wait()
+                await node.first.wait()
             await channels.close()
             connecting = [task for task in asyncio.all_tasks() if task.get_coro().__name__ == "_connect_quietly"]
             assert connecting == []  # cancelled and awaited by close, not left to run on

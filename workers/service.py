@@ -186,8 +186,8 @@ class _Deployment:
         self.streams = Channels(local, on_broken)
         # Every stream the tick may write to, so that ``warm`` can connect them before its first events.
         self.streams.stream(tick.acker, transport.ACK, f"acker at {tick.acker}")
-        for partition, address in tick.barriers:
-            self.streams.stream(address, transport.DELIVER, f"barrier {partition} at {address}")
+        for _partition, address in tick.barriers:  # one stream per address, whatever partitions it owns
+            self.streams.stream(address, transport.DELIVER, f"barrier at {address}")
         for i, address in enumerate(tick.workers):
             self.streams.stream(address, transport.EXCHANGE, f"worker {i} at {address}")
         self.restored = asyncio.Event()
