@@ -287,16 +287,23 @@ class Opening(Collecting):
         return await super().Exchange(request_iterator, context)
 
 
+def warming(address: str) -> tuple[Channels, list[StreamBroken]]:
+    """Channels with one stream to ``address`` declared and warming (call on a running loop), and the breaks they
+    report."""
+    broken: list[StreamBroken] = []
+    channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
+    channels.stream(address, EXCHANGE)
+    channels.warm()
+    return channels, broken
+
+
 def test_warm_connects_a_stream_before_its_first_write_which_then_uses_that_connection() -> None:
     async def scenario() -> None:
         receiver = Opening()
         server, address = await start_server(lambda s: rpc.add_WorkerServicer_to_server(receiver, s),
                                              {EXCHANGE: receiver.Exchange})
-        broken: list[StreamBroken] = []
-        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
+        channels, broken = warming(address)
         try:
-            channels.stream(address, EXCHANGE, "worker 1")
-            channels.warm()
             async with asyncio.timeout(10):
                 await receiver.called.wait()  # connected, and the method sent, with nothing written
             assert receiver.got == []
@@ -336,11 +343,8 @@ def test_a_write_waiting_for_a_failing_warm_gets_its_failure_without_a_second_wa
     async def scenario() -> None:
         node = SilentNode()
         server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
-        broken: list[StreamBroken] = []
-        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
+        channels, broken = warming(address)
         try:
-            channels.stream(address, EXCHANGE)
-            channels.warm()
             async with asyncio.timeout(10):
                 await node.first.wait()  # the warm is connecting: the write below waits for it
             with pytest.raises(StreamBroken, match=r"no answer within 0\.3 s"):
@@ -370,11 +374,8 @@ def test_a_write_after_a_failed_warm_connects_again() -> None:
         listener = FrameServer({EXCHANGE: receiver.Exchange}.get, None)
         node = FlakyNode(await listener.start("127.0.0.1"))
         server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
-        broken: list[StreamBroken] = []
-        channels = Channels(LocalEndpoints("127.0.0.1:1"), broken.append)
+        channels, broken = warming(address)
         try:
-            channels.stream(address, EXCHANGE)
-            channels.warm()
             async with asyncio.timeout(10):
                 while channels._warming:  # the warm's connect failed and is over
                     await asyncio.sleep(0.01)
@@ -394,10 +395,9 @@ def test_close_cancels_a_warm_still_connecting_and_leaves_no_connection() -> Non
     async def scenario() -> None:
         node = SilentNode()
         server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
-        channels = Channels(LocalEndpoints("127.0.0.1:1"))
+        channels, _broken = warming(address)
+        stream = channels.stream(address, EXCHANGE)
         try:
-            stream = channels.stream(address, EXCHANGE)
-            channels.warm()
             async with asyncio.timeout(10):
                 await node.first.wait()
             await channels.close()
