@@ -184,12 +184,6 @@ class _Deployment:
         self.tick = tick
         self.core = core
         self.streams = Channels(local, on_broken)
-        # Every stream the tick may write to, so that ``warm`` can connect them before its first events.
-        self.streams.stream(tick.acker, transport.ACK, f"acker at {tick.acker}")
-        for _partition, address in tick.barriers:  # one stream per address, whatever partitions it owns
-            self.streams.stream(address, transport.DELIVER, f"barrier at {address}")
-        for i, address in enumerate(tick.workers):
-            self.streams.stream(address, transport.EXCHANGE, f"worker {i} at {address}")
         self.restored = asyncio.Event()
         """Set once the state it takes over is loaded (at once for a tick that starts empty)."""
         self.waiting: list[tuple[list[Envelope], Acks]] = []
@@ -203,6 +197,17 @@ class _Deployment:
         a write failed."""
         if tick.previous is None:
             self.restored.set()
+
+    def warm(self) -> None:
+        """Connect every stream the tick may write to (``Channels.warm``): its acker, the barriers' addresses and
+        the other workers.  Declared here, on the event loop, rather than when the tick is deployed: a restart
+        replays every tick, and only the latest is warmed."""
+        self.streams.stream(self.tick.acker, transport.ACK)
+        for _partition, address in self.tick.barriers:  # a barrier owning several partitions: one stream
+            self.streams.stream(address, transport.DELIVER)
+        for address in self.tick.workers:
+            self.streams.stream(address, transport.EXCHANGE)
+        self.streams.warm()
 
 
 class WorkerService(rpc.WorkerServicer):
@@ -355,7 +360,7 @@ class WorkerService(rpc.WorkerServicer):
     def warm(self) -> None:
         """Connect the current tick's streams (``Channels.warm``)."""
         if self.current is not None:
-            self.current.streams.warm()
+            self.current.warm()
 
     async def _restore(self, deployment: _Deployment) -> None:
         """Load the previous tick's complete snapshot below this tick's start, then run what waited for it.
