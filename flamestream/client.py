@@ -514,11 +514,9 @@ class AsyncClient:
                 self._forget_members()
             await backoff.sleep()
 
-    # -- deploy --------------------------------------------------------------------------------------------
-
     async def connect(self, timeout: float | None = None) -> None:
         """Open now what the first push and the first subscription would open on their way: the ZooKeeper
-        session, the deployed tick's fronts and the barriers read from it, and a ready channel to each of them.
+        session, the deployed tick's fronts and the registered barriers, and a ready channel to each of them.
 
         Why: each is a round trip or more (ZooKeeper's session, a TCP and HTTP/2 handshake, TLS's), and without
         this call the first push pays for all of them while the events behind it wait: in the bench's word count
@@ -545,6 +543,8 @@ class AsyncClient:
                 raise ClientError(f"cannot reach {', '.join(unready)} within {waiting:g}s (cluster {self.cluster!r}: "
                                   "down, unreachable, or refusing this client's TLS credentials)",
                                   grpc.StatusCode.UNAVAILABLE) from None
+
+    # -- deploy --------------------------------------------------------------------------------------------
 
     async def rescale(self, workers: int) -> int:
         """Run the deployed graph on workers 0..``workers``-1 from a hand-over on; returns the new tick's number."""
