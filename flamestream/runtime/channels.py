@@ -231,9 +231,9 @@ class Channels:
         a new deployment the first event paid for every stream on its path, one
         after another: the bench's first word-count push took 24.5 ms with the
         client connected, 3.3-7.2 ms with this.  A connect that fails here is
-        left to the first write: one that waited for it gets its failure
-        (``FrameStream.open``), a later one tries again; nothing was written,
-        so nothing is lost.
+        left to the first write, which connects again and reports a failure
+        as before (``FrameStream.open``); nothing was written, so nothing is
+        lost.
         """
         for stream in self._streams.values():
             if isinstance(stream, _Lossy):

@@ -276,28 +276,17 @@ class FrameStream(Generic[_M]):
         self._status: asyncio.Task[str] | None = None
         self._closing = False
         self._opening = asyncio.Lock()
-        self._failed: StreamBroken | None = None
-        """The last connect's failure, and how many have failed (``open``)."""
-        self._failures = 0
 
     async def open(self) -> asyncio.StreamWriter:
         """Connect now, unless connected already (the first write connects otherwise).
 
-        A caller that waited while another caller's connect failed gets that failure instead of waiting out a
-        connect of its own: a write queued behind ``Channels.warm``'s failed connect would otherwise wait
-        ``CONNECT_WAIT`` twice and report one wait.  A caller that comes later tries again.
+        A caller that waited while another caller's connect failed tries again rather than taking that failure:
+        ``Channels.warm``'s connect can fail where a write's would not, e.g. when this node's own event loop was
+        blocked past ``CONNECT_WAIT`` (a slow graph function) while it waited for the peer's answer.  So a write
+        queued behind a warm connect to a peer that is really gone waits ``CONNECT_WAIT`` twice before it reports.
         """
-        failures = self._failures
         async with self._opening:  # one connection: writes racing the first must not open a second
-            if self._writer is not None:
-                return self._writer
-            if self._failures != failures and self._failed is not None:
-                raise StreamBroken(str(self._failed), self.address) from self._failed
-            try:
-                return await self._open()
-            except StreamBroken as exc:
-                self._failed, self._failures = exc, self._failures + 1
-                raise
+            return self._writer or await self._open()
 
     async def write(self, message: _M) -> None:
         writer = self._writer
