@@ -317,15 +317,13 @@ def test_warm_connects_a_stream_before_its_first_write_which_then_uses_that_conn
 
 
 class SilentNode(rpc.NodeServicer):
-    """A peer whose answer with its frames port never comes; counts the askers."""
+    """A peer whose answer with its frames port never comes; says when it was asked and when the asker gave up."""
 
     def __init__(self) -> None:
-        self.asked = 0
         self.first = asyncio.Event()
         self.cancelled = asyncio.Event()
 
     async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
-        self.asked += 1
         self.first.set()
         try:
             await asyncio.sleep(60)
@@ -335,71 +333,51 @@ class SilentNode(rpc.NodeServicer):
         return pb.FramesPort(port=1)
 
 
-def test_a_write_queued_behind_a_failing_warm_connects_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A warm connect can fail where a write's would not: a node whose own event loop a slow graph function blocked
-    past ``CONNECT_WAIT`` took its peer's late answer for none, and the write queued behind it, given that failure,
-    stopped the node (a fresh-clone CI run's ``test_credit_backpressure_refuses_then_the_sdk_retries``)."""
+class AnswersSecond(rpc.NodeServicer):
+    """A peer whose first answer with its frames port fails, never coming (``silent``) or as an error; the later
+    ones give ``port``."""
+
+    def __init__(self, port: int, silent: bool) -> None:
+        self.port, self.silent, self.asked = port, silent, 0
+        self.first = asyncio.Event()
+
+    async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
+        self.asked += 1
+        if self.asked == 1:
+            self.first.set()
+            if self.silent:
+                await asyncio.sleep(60)
+            await context.abort(grpc.StatusCode.INTERNAL, "not yet")
+        return pb.FramesPort(port=self.port)
+
+
+@pytest.mark.parametrize("queued", [True, False], ids=["write queued behind the warm", "write after the warm"])
+def test_a_write_connects_on_its_own_after_a_failed_warm(queued: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing was written, so nothing is lost: the first write connects again, whether it came after the warm's
+    failed connect or waited for it.  A warm connect can fail where a write's would not: a node whose own event loop
+    a slow graph function blocked past ``CONNECT_WAIT`` took its peer's late answer for none, and the write queued
+    behind it, given that failure, stopped the node (a fresh-clone CI run's
+    ``test_credit_backpressure_refuses_then_the_sdk_retries``)."""
     monkeypatch.setattr(frames, "CONNECT_WAIT", 0.3)
-
-    class FirstSilent(SilentNode):
-        def __init__(self, port: int) -> None:
-            super().__init__()
-            self.port = port
-
-        async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
-            if self.asked == 0:
-                return await super().Frames(request, context)  # the warm's: never answered
-            self.asked += 1
-            return pb.FramesPort(port=self.port)
 
     async def scenario() -> None:
         receiver = Collecting()
         listener = FrameServer({EXCHANGE: receiver.Exchange}.get, None)
-        node = FirstSilent(await listener.start("127.0.0.1"))
+        node = AnswersSecond(await listener.start("127.0.0.1"), silent=queued)
         server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
         channels, broken = warming(address)
         try:
             async with asyncio.timeout(10):
-                await node.first.wait()  # the warm is connecting: the write below waits for it
+                await node.first.wait()  # the warm is connecting: a write now waits for it
+                while not queued and channels._warming:  # the warm's connect failed and is over
+                    await asyncio.sleep(0.01)
+            assert node.asked == 1
             await channels.write(address, EXCHANGE, pb.ItemBatch(sender=5))
         finally:
             await channels.close()
             await stop_server(server)
             await listener.close()
-        assert node.asked == 2 and receiver.got == [5] and broken == []
-
-    asyncio.run(scenario())
-
-
-def test_a_write_after_a_failed_warm_connects_again() -> None:
-    """Nothing was written, so nothing is lost: a peer that failed the warm's connect takes the first write's."""
-    class FlakyNode(rpc.NodeServicer):
-        def __init__(self, port: int) -> None:
-            self.port, self.asked = port, 0
-
-        async def Frames(self, request: pb.Empty, context: Any) -> pb.FramesPort:
-            self.asked += 1
-            if self.asked == 1:
-                await context.abort(grpc.StatusCode.INTERNAL, "not yet")
-            return pb.FramesPort(port=self.port)
-
-    async def scenario() -> None:
-        receiver = Collecting()
-        listener = FrameServer({EXCHANGE: receiver.Exchange}.get, None)
-        node = FlakyNode(await listener.start("127.0.0.1"))
-        server, address = await start_server(lambda s: rpc.add_NodeServicer_to_server(node, s))
-        channels, broken = warming(address)
-        try:
-            async with asyncio.timeout(10):
-                while channels._warming:  # the warm's connect failed and is over
-                    await asyncio.sleep(0.01)
-            assert node.asked == 1
-            await channels.write(address, EXCHANGE, pb.ItemBatch(sender=3))
-        finally:
-            await channels.close()
-            await stop_server(server)
-            await listener.close()
-        assert node.asked == 2 and receiver.got == [3] and receiver.ends == ["end"] and broken == []
+        assert node.asked == 2 and receiver.got == [5] and receiver.ends == ["end"] and broken == []
 
     asyncio.run(scenario())
 
