@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2
 
 from flamestream.client import Client
 from flamestream.wire.security import Credentials
+from tests.loopback import connections_to
 from tests.test_cluster_e2e import cli
 
 pytestmark = pytest.mark.slow
@@ -76,18 +77,13 @@ def test_up_places_roles_on_nodes_and_each_role_has_health(two_nodes: tuple[Path
                e["message"] for e in entries)
 
 
-def frames_ports(node: dict[str, Any]) -> set[int]:
-    """The ports a node listens on besides its gRPC address's: its frames listener."""
+def streams_to(node: dict[str, Any]) -> int:
+    """Frames connections (streams) to ``node``: to the port it listens on besides its gRPC address's.  Only its
+    peers open those, and with two nodes only the other one."""
     grpc_port = int(node["address"].rsplit(":", 1)[1])
-    return {c.laddr.port for c in psutil.Process(node["pid"]).net_connections("tcp")
-            if c.status == psutil.CONN_LISTEN} - {grpc_port}
-
-
-def connected(source: dict[str, Any], target: dict[str, Any]) -> bool:
-    """Whether ``source`` holds a frames connection (a stream) to ``target``."""
-    ports = frames_ports(target)
-    return any(c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
-               for c in psutil.Process(source["pid"]).net_connections("tcp"))
+    listening = {c.laddr.port for c in psutil.Process(node["pid"]).net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN} - {grpc_port}
+    return sum(connections_to(port) for port in listening)
 
 
 def test_a_deployed_tick_connects_its_streams_between_nodes_before_its_first_event(
@@ -96,10 +92,10 @@ def test_a_deployed_tick_connects_its_streams_between_nodes_before_its_first_eve
     its path; the node connects the latest tick's streams once it is deployed (``Channels.warm``)."""
     _, state = two_nodes
     node0, node1 = (next(p for p in state["processes"] if p["name"] == name) for name in ("node0", "node1"))
-    assert not connected(node0, node1) and not connected(node1, node0)  # nothing deployed: no stream yet
+    assert streams_to(node0) == streams_to(node1) == 0  # nothing deployed: no stream yet
     assert cli("deploy", "examples/wordcount.py", "--zookeeper", zookeeper, "--cluster", cluster_name).returncode == 0
     # The front and worker 0 to worker 1; worker 1 to the barrier and the acker, both on node0.
-    eventually(lambda: connected(node0, node1) and connected(node1, node0), "streams connected both ways")
+    eventually(lambda: streams_to(node1) and streams_to(node0), "streams connected both ways")
     with Client(zookeeper, cluster_name) as client:
         client.connect()
         client.push(["a b a"])
