@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState  # type: ignore[import-untyped]
 from kazoo.exceptions import (  # type: ignore[import-untyped]
@@ -556,7 +556,7 @@ class ClusterStore:
         the client waiting for a hand-over; the fronts' input-log retention
         through ``complete_boundaries`` itself).
         """
-        return complete_boundaries(self.registered_snapshots(tick), workers)
+        return list(complete_boundaries(self.registered_snapshots(tick), workers))
 
     def registered_snapshots(self, tick: int, complete: Mapping[str, dict[str, None]] | None = None
                              ) -> dict[str, dict[str, None]]:
@@ -626,9 +626,9 @@ class ClusterStore:
                 workers = seen.workers[n] = len(tick.get("workers", []))
             complete = complete_boundaries(registered, workers)
             if complete:
-                complete_now[n] = {boundary: registered[boundary] for boundary in complete}
+                complete_now[n] = complete
                 newest_complete = n
-                first = complete[0]  # oldest first
+                first = next(iter(complete))  # oldest first
                 if oldest is None or boundary_of(first) < boundary_of(oldest):
                     oldest = first
         seen.complete = complete_now
@@ -718,15 +718,20 @@ class ClusterStore:
         return _decode(path, data)
 
 
-def complete_boundaries(snapshots: dict[str, dict[str, Any]], workers: int) -> list[str]:
+_Registrations = TypeVar("_Registrations", bound=Mapping[str, Any])
+
+
+def complete_boundaries(snapshots: Mapping[str, _Registrations], workers: int) -> dict[str, _Registrations]:
     """The complete ones of a tick's ``snapshots`` (boundary -> the names that registered it, with or without
-    their registrations: ``ClusterStore.registered_snapshots`` or ``snapshots``), oldest first: see
-    ``ClusterStore.complete_snapshots``.  Apart, so that the readers, which all need only the names (retention,
-    once a second on every worker; the fronts' ``oldest_complete_snapshot``), read no more than those."""
+    their registrations: ``ClusterStore.registered_snapshots`` or ``snapshots``), oldest first, each with what
+    ``snapshots`` holds for it: see ``ClusterStore.complete_snapshots``.  Apart, so that the readers, which all
+    need only the names (retention, once a second on every worker; the fronts' ``oldest_complete_snapshot``), read
+    no more than those; with the names, so that both keep what they saw complete for their next read
+    (``registered_snapshots``'s ``complete``)."""
     _check_count("workers", workers)
     needed = {f"worker{i}" for i in range(workers)}
-    return sorted((boundary for boundary, registered in snapshots.items() if needed <= registered.keys()),
-                  key=boundary_of)
+    return {boundary: snapshots[boundary] for boundary in sorted(
+        (boundary for boundary, registered in snapshots.items() if needed <= registered.keys()), key=boundary_of)}
 
 
 def host_port(address: str) -> tuple[str, int]:

@@ -616,7 +616,7 @@ class WorkerService(rpc.WorkerServicer):
         seen_tick, seen = self._complete_seen
         own = self.store.registered_snapshots(tick.number, seen if seen_tick == tick.number else None)
         names = complete_boundaries(own, len(tick.workers))
-        self._complete_seen = (tick.number, {b: own[b] for b in names})
+        self._complete_seen = (tick.number, names)
         complete = [boundary_of(b) for b in names]
         if len(complete) < self.snapshot_retention:
             return
