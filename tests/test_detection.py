@@ -334,8 +334,10 @@ def test_an_idle_stream_outlives_the_keepalive_pings(zookeeper: str, cluster_nam
 @pytest.mark.slow
 def test_a_node_exits_1_naming_the_acker_whose_stream_broke(zookeeper: str, cluster_name: str,
                                                             tmp_path: Path) -> None:
-    """A worker node whose acker dies: its min-time stream breaks and the acker's address refuses connections,
-    so the node exits 1 at once, not after --stream-timeout (an hour here)."""
+    """A worker node whose acker dies: its streams to the acker break and the acker's address refuses connections,
+    so the node exits 1 at once, not after --stream-timeout (an hour here).  Two streams go to the acker, both open
+    since the tick was deployed (``Channels.warm``): the min-time watch and the worker's acks.  Whichever is seen
+    to break first names it; the node may exit before the other is logged."""
     acker = subprocess.Popen([sys.executable, "-m", "flamestream", "node", "--name", "acker", "--zookeeper",
                               zookeeper, "--cluster", cluster_name, "--acker"], cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
@@ -357,7 +359,7 @@ def test_a_node_exits_1_naming_the_acker_whose_stream_broke(zookeeper: str, clus
         acker.kill()
         assert worker.wait(60) == 1
         text = log.read_text()
-        assert f"min-time stream from the acker at {address} broke" in text
+        assert f"min-time stream from the acker at {address} broke" in text or f"stream to {address} broke" in text
         assert f"{address} refuses connections: the process there is gone" in text
     finally:
         for process in (acker, worker):
