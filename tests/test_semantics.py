@@ -124,7 +124,7 @@ def test_a_run_pauses_the_collector_collects_only_the_young_and_leaves_it_as_it_
         if phase == "start":
             started.append(info["generation"])
 
-    runtime, stamped = LocalRuntime(wordcount.graph(), seed=1), stamp_inputs(["a b"] * 40000)
+    runtime, stamped = LocalRuntime(wordcount.graph(), seed=1), stamp_inputs(["a b"] * 70000)
     was = gc.isenabled()
     (gc.enable if enabled else gc.disable)()
     gc.callbacks.append(note)
@@ -137,3 +137,13 @@ def test_a_run_pauses_the_collector_collects_only_the_young_and_leaves_it_as_it_
     assert after is enabled
     assert result.stats.steps >= 2 * YOUNG_EVERY
     assert started == [0] * (result.stats.steps // YOUNG_EVERY)
+
+
+def test_a_worker_step_takes_every_batch_its_channels_hold() -> None:
+    """As a worker service takes its whole inbox (``flamestream.core.local``).  A step per batch takes at least three
+    scheduler steps per event on one worker: the front's that injects it, the worker's that takes it and the
+    barrier's that takes what it made; meanwhile the events queued behind stay in flight."""
+    lines = 2000
+    result = LocalRuntime(wordcount.graph(), seed=1).run(["a b"] * lines)
+    assert len(result.output) == 2 * lines
+    assert result.stats.steps < 3 * lines

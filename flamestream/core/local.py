@@ -6,13 +6,19 @@ drains in a random interleaving.  Fronts race each other and worker-to-worker
 channels overtake one another, so groupings see items out of order and
 replay, exactly as on a real network; the output must still equal the oracle's.
 
-A worker step drains the heads of its input channels as one queue ordered by
-meta (the paper's prioritized queues).  Like a worker service, it ships its
-output in pieces as the core produces them (``Worker.run`` with a seeded
-flush size of 1 to 256 items), and the scheduler may run other workers and the barrier between
-pieces; the step's receipt acks go last.  With ``adversarial=True`` every channel
-gets a speed drawn over three orders of magnitude and slow channels keep
-missing steps, so some paths lag far behind and replays/retractions pile up.
+A worker step drains its input channels as one queue ordered by meta (the
+paper's prioritized queues): every batch queued on each channel it takes, as a
+worker service takes its whole inbox.  Taking only each channel's head batch
+cost a step per batch: a 4-worker word count ran twice the steps, each with its
+fixed costs, and at its peak held 1.4 times as many items in its groupings
+(``bench/local.py``: 0.45 of the oracle's throughput then, 0.68 since).  Slow
+channels still miss steps, and a lagging channel, once taken, hands over all it
+holds at once.  Like a worker service, a step ships its output in pieces as the
+core produces them (``Worker.run`` with a seeded flush size of 1 to 256 items),
+and the scheduler may run other workers and the barrier between pieces; the
+step's receipt acks go last.  With ``adversarial=True`` every channel gets a
+speed drawn over three orders of magnitude and slow channels keep missing
+steps, so some paths lag far behind and replays/retractions pile up.
 One thing differs from separate processes: a replicated entry map routed by
 hash runs once per input for all workers, not once per worker
 (``SharedPrefix``).  The output is the same; the map's function is called
@@ -188,15 +194,15 @@ class LocalRuntime:
                 inbound.setdefault(-1 - channel[1] if channel[0] == "barrier" else channel[2], {})[channel] = None
             queue.append((entries, acks))
 
-        def take(destination: int, channel: Channel) -> Batch:
+        def take(destination: int, channel: Channel) -> list[Batch]:
             queue = channels[channel]
-            batch = queue.popleft()
-            if not queue:
-                ready = inbound[destination]
-                del ready[channel]
-                if not ready:
-                    del inbound[destination]
-            return batch
+            batches = list(queue)
+            queue.clear()
+            ready = inbound[destination]
+            del ready[channel]
+            if not ready:
+                del inbound[destination]
+            return batches
 
         def deliver(worker: int, remote: dict[int, list[Any]], to_barrier: list[Any]) -> None:
             for dst, envs in remote.items():
@@ -258,13 +264,13 @@ class LocalRuntime:
             elif choice in steps:
                 advance(choice, *steps[choice])
             else:
-                # A worker (or barrier) drains the heads of its input channels as one prioritized queue;
-                # slow channels may miss the step, which is what reorders items across channels.
+                # A worker (or barrier) drains what its input channels hold as one prioritized queue; slow
+                # channels may miss the step, which is what reorders items across channels.
                 ready = list(inbound[choice])
                 taken = [c for c in ready if rng.random() < speed[c]]
                 if not taken:
                     taken = rng.choices(ready, [speed[c] for c in ready])
-                batches = [take(choice, c) for c in taken]
+                batches = [batch for c in taken for batch in take(choice, c)]
                 entries = [e for batch, _ in batches for e in batch]
                 if len(batches) > 1:
                     entries.sort(key=item_meta if choice < 0 else envelope_meta)
