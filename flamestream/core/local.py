@@ -11,7 +11,8 @@ paper's prioritized queues): every batch queued on each channel it takes, as a
 worker service takes its whole inbox.  Taking only each channel's head batch
 cost a step per batch: a 4-worker word count ran twice the steps, each with its
 fixed costs, and at its peak held 1.4 times as many items in its groupings
-(``bench/local.py``: 0.45 of the oracle's throughput then, 0.68 since).  Slow
+(``bench/local.py``: 0.45 of the oracle's throughput then, 0.68 since; the
+inverted index on 4 workers replays more and runs slower, README).  Slow
 channels still miss steps, and a lagging channel, once taken, hands over all it
 holds at once.  Like a worker service, a step ships its output in pieces as the
 core produces them (``Worker.run`` with a seeded flush size of 1 to 256 items),
