@@ -140,9 +140,10 @@ def test_a_run_pauses_the_collector_collects_only_the_young_and_leaves_it_as_it_
 
 
 def test_a_worker_step_takes_every_batch_its_channels_hold() -> None:
-    """As a worker service takes its whole inbox (``flamestream.core.local``).  A step per batch takes at least three
-    scheduler steps per event on one worker: the front's that injects it, the worker's that takes it and the
-    barrier's that takes what it made; meanwhile the events queued behind stay in flight."""
+    """As a worker service takes its whole inbox (``flamestream.core.local``).  With a front injecting one event a
+    step (the default ``batch``), a step per batch takes at least three scheduler steps per event on one worker:
+    the front's that injects it, the worker's that takes it and the barrier's that takes what it made; meanwhile the
+    events queued behind stay in flight."""
     lines = 2000
     result = LocalRuntime(wordcount.graph(), seed=1).run(["a b"] * lines)
     assert len(result.output) == 2 * lines
