@@ -615,9 +615,9 @@ class WorkerService(rpc.WorkerServicer):
         assert self.store is not None and self.data_dir is not None
         seen_tick, seen = self._complete_seen
         own = self.store.registered_snapshots(tick.number, seen if seen_tick == tick.number else None)
-        names = complete_boundaries(own, len(tick.workers))
-        self._complete_seen = (tick.number, names)
-        complete = [boundary_of(b) for b in names]
+        complete_now = complete_boundaries(own, len(tick.workers))
+        self._complete_seen = (tick.number, complete_now)
+        complete = [boundary_of(b) for b in complete_now]
         if len(complete) < self.snapshot_retention:
             return
         oldest_kept = complete[-self.snapshot_retention]
