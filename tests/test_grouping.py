@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -233,6 +234,26 @@ def test_trim_keeps_window_minus_one_below_min_time() -> None:
     g.trim(MAX_TIME)
     assert g.buckets["k"].payloads == [8, 9]
     assert g.accept("k", item(10, 10)) == [((8, 9, 10), GlobalTime(10, 0), (0, mark(14)), False)]
+
+
+def test_trim_forgets_the_windows_of_the_items_it_keeps_below_the_min_time() -> None:
+    """No item can arrive before one the min time has passed, so the windows emitted at the items a trim keeps are
+    never replaced again: the trim lets go of them, and of the payloads only they held (a reduce's previous
+    accumulator), as a restored bucket holds none."""
+
+    class Payload:  # a weak reference tells when it is freed
+        pass
+
+    g = Grouping(2)
+    first, second = Payload(), Payload()
+    g.accept("k", item(first, 1))
+    g.accept("k", item(second, 2))
+    freed = weakref.ref(first)
+    del first
+    g.trim(GlobalTime(3, 0))
+    assert g.buckets["k"].payloads == [second]
+    assert freed() is None
+    assert g.accept("k", item("third", 3)) == [((second, "third"), GlobalTime(3, 0), (0, mark(3)), False)]
 
 
 def test_trim_window_one_forgets_everything_below() -> None:
