@@ -12,17 +12,26 @@ this thread's CPU, how many buckets changed, the file's size and the encoded
 size of the changed buckets.  A node's worker holds its share of the hash
 space, so a 2-worker cluster's snapshots are about half of each figure.
 
+Each line also says what the whole loop cost since the line before: the
+process's CPU seconds, and the cyclic collector's collections (how many, their
+milliseconds, the longest: each one stops the event loop of a node that long),
+with the process's peak RSS.  ``--every 0`` takes no snapshots, for the core's
+own figures.
+
     python bench/snapshots.py [--pages 3000] [--every 20] [--report 500]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
+import resource
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from flamestream.bench.workloads import workload
 from flamestream.core.meta import GlobalTime
@@ -41,10 +50,30 @@ def _encoded_size(changes: WorkerState, path: Path) -> int:
     return changed.write(path, boundary=GlobalTime(0, 0), worker=0, tick=0).body_bytes
 
 
+class Collections:
+    """The cyclic collector's collections since the last ``take``, timed through ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._times: list[float] = []
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._times.append(time.perf_counter() - self._started)
+
+    def take(self) -> dict[str, Any]:
+        times, self._times = self._times, []
+        return {"count": len(times), "ms": round(sum(times) * 1e3, 1),
+                "longest_ms": round(max(times, default=0.0) * 1e3, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=3000)
-    parser.add_argument("--every", type=int, default=20, help="pages between snapshots")
+    parser.add_argument("--every", type=int, default=20, help="pages between snapshots (0: none)")
     parser.add_argument("--report", type=int, default=500, help="pages between printed lines")
     args = parser.parse_args()
     tune_gc()
@@ -54,6 +83,8 @@ def main() -> None:
     core = Worker(plan, 0, whole)
     image = SnapshotImage()
     pages = [page for _i, page in itertools.islice(bench.events(1), args.pages)]
+    collections = Collections()
+    cpu = time.process_time()
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "worker-0.snap"
         for i, page in enumerate(pages, 1):
@@ -62,23 +93,29 @@ def main() -> None:
                 for _outboxes in core.run(envelopes):
                     pass
             core.on_min_time(at)
-            if i % args.every:
-                continue
-            boundary = GlobalTime(1001 + i, 0)
-            started = time.thread_time()
-            changes = core.snapshot_changes(boundary)
-            changed = time.thread_time()
-            image.update(changes)
-            encoded = time.thread_time()
-            info = image.write(path, boundary=boundary, worker=0, tick=0)
-            written = time.thread_time()
+            line: dict[str, Any] = {"pages": i}
+            if args.every and i % args.every == 0:
+                line.update(_snapshot(core, image, GlobalTime(1001 + i, 0), path))
             if i % args.report == 0 or i == len(pages):
-                print(json.dumps({
-                    "pages": i, "changes_ms": round((changed - started) * 1e3, 1),
-                    "encode_ms": round((encoded - changed) * 1e3, 1), "write_ms": round((written - encoded) * 1e3, 1),
-                    "changed_buckets": sum(map(len, changes.values())), "keys": info.keys,
-                    "file_mb": round(info.body_bytes / 1e6, 1),
-                    "changed_mb": round(_encoded_size(changes, path.with_name("changed.snap")) / 1e6, 2)}), flush=True)
+                line["cpu_s"], cpu = round(time.process_time() - cpu, 2), time.process_time()
+                line["collections"] = collections.take()
+                line["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                print(json.dumps(line), flush=True)
+
+
+def _snapshot(core: Worker, image: SnapshotImage, boundary: GlobalTime, path: Path) -> dict[str, Any]:
+    """Take a periodic snapshot below ``boundary`` as a worker does; what each phase cost and how large it was."""
+    started = time.thread_time()
+    changes = core.snapshot_changes(boundary)
+    changed = time.thread_time()
+    image.update(changes)
+    encoded = time.thread_time()
+    info = image.write(path, boundary=boundary, worker=0, tick=0)
+    written = time.thread_time()
+    return {"changes_ms": round((changed - started) * 1e3, 1), "encode_ms": round((encoded - changed) * 1e3, 1),
+            "write_ms": round((written - encoded) * 1e3, 1), "changed_buckets": sum(map(len, changes.values())),
+            "keys": info.keys, "file_mb": round(info.body_bytes / 1e6, 1),
+            "changed_mb": round(_encoded_size(changes, path.with_name("changed.snap")) / 1e6, 2)}
 
 
 if __name__ == "__main__":
