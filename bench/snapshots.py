@@ -8,8 +8,9 @@ way a worker does: ``snapshot_changes`` (on the event loop in a node), the
 ``SnapshotImage`` update (encoding each changed bucket: in the writer's
 thread) and the file's write (join, checksum, write and fsync).  Every
 ``--report`` pages it prints one JSON line: those three in milliseconds of
-this thread's CPU, how many buckets changed, the file's size and the encoded
-size of the changed buckets.  A node's worker holds its share of the hash
+this thread's CPU, how many buckets changed, the file's size, the encoded
+size of the changed buckets and how much of it the update copied from the
+buckets' earlier encodings (``flamestream.core.splice``).  A node's worker holds its share of the hash
 space, so a 2-worker cluster's snapshots are about half of each figure.
 
 Each line also says what the whole loop cost since the line before: the
@@ -108,6 +109,7 @@ def _snapshot(core: Worker, image: SnapshotImage, boundary: GlobalTime, path: Pa
     started = time.thread_time()
     changes = core.snapshot_changes(boundary)
     changed = time.thread_time()
+    copied = image.copied
     image.update(changes)
     encoded = time.thread_time()
     info = image.write(path, boundary=boundary, worker=0, tick=0)
@@ -115,7 +117,8 @@ def _snapshot(core: Worker, image: SnapshotImage, boundary: GlobalTime, path: Pa
     return {"changes_ms": round((changed - started) * 1e3, 1), "encode_ms": round((encoded - changed) * 1e3, 1),
             "write_ms": round((written - encoded) * 1e3, 1), "changed_buckets": sum(map(len, changes.values())),
             "keys": info.keys, "file_mb": round(info.body_bytes / 1e6, 1),
-            "changed_mb": round(_encoded_size(changes, path.with_name("changed.snap")) / 1e6, 2)}
+            "changed_mb": round(_encoded_size(changes, path.with_name("changed.snap")) / 1e6, 2),
+            "copied_mb": round((image.copied - copied) / 1e6, 2)}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from flamestream.core.grouping import Entries
 from flamestream.core.local import Handover, LocalRuntime
 from flamestream.core.meta import GlobalTime
 from flamestream.core.worker import WorkerState
+from flamestream.storage import snapshots
 from flamestream.storage.snapshots import (
     VERSION,
     SnapshotError,
@@ -382,15 +383,27 @@ def test_the_snapshot_stride_keeps_snapshots_within_their_cpu_share() -> None:
     assert [snapshot_stride(cpu, 1.0, 0.1, 4, 4) for cpu in (0.39, 0.15, 0.09, 0.04)] == [4, 4, 2, 1]
 
 
+@pytest.mark.parametrize("splice_above", [0, snapshots.SPLICE_ABOVE])
 @settings(max_examples=100, deadline=None)
 @given(steps=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=25))
 def test_an_image_through_any_sequence_of_changes_writes_exactly_the_state(
-        tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, int, int]]) -> None:
+        tmp_path_factory: pytest.TempPathFactory, splice_above: int, steps: list[tuple[int, int, int]]) -> None:
     """Random reports on two keys — a new version sharing all shards but one with the last, that shard grown or
     emptied; the last two versions (untrimmed) or one; a removal — and after each, the written file reads back as
-    the state the reports add up to."""
-    path = tmp_path_factory.mktemp("image") / "worker-0.snap"
+    the state the reports add up to.  With ``SPLICE_ABOVE`` 0 every bucket that changes is spliced (these are too
+    small for it otherwise), and the shards a version shares with the one before are copied."""
+    default, snapshots.SPLICE_ABOVE = snapshots.SPLICE_ABOVE, splice_above
+    try:
+        _image_through(tmp_path_factory.mktemp("image") / "worker-0.snap", steps, splice_above == 0)
+    finally:
+        snapshots.SPLICE_ABOVE = default
+
+
+def _image_through(path: Path, steps: list[tuple[int, int, int]], spliced: bool) -> None:
     image = SnapshotImage()
+    shared = False
+    recorded: set[int] = set()
+    """Keys whose last encoding was spliced (the bucket existed before it), which recorded where its shards are."""
     shards: dict[int, list[dict[str, tuple[int, ...]]]] = {}
     last: dict[int, Any] = {}
     state: dict[Any, tuple[int, Entries]] = {}
@@ -406,9 +419,14 @@ def test_an_image_through_any_sequence_of_changes_writes_exactly_the_state(
             changed.update({f"page{n}-{i}": (n, i) for i in range(grow)})
             mine[grow % 4] = changed
             version = ((at, (n,)), ("index", f"w{key}", tuple(mine), ("posting", f"w{key}", f"page{n}", (n,))))
+            shared = shared or key in recorded  # the first shards of its last encoding are these, unchanged
             entries = [last[key], version] if action == 1 and key in last else [version]
             last[key] = version
         image.update({"g": [(key, (key, f"w{key}"), entries)]})
+        if entries and (key, f"w{key}") in state:
+            recorded.add(key)
+        else:
+            recorded.discard(key)
         if entries:
             state[(key, f"w{key}")] = (key, entries)
         else:
@@ -417,6 +435,7 @@ def test_an_image_through_any_sequence_of_changes_writes_exactly_the_state(
         info, back = read_snapshot(path)
         assert by_key(back) == {"g": state}
         assert (info.keys, info.items) == (len(state), sum(len(entries) for _h, entries in state.values()))
+    assert (image.copied > 0) == (spliced and shared)
 
 
 def test_a_paced_image_update_in_slices_writes_what_one_update_writes(tmp_path: Path) -> None:

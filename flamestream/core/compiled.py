@@ -30,10 +30,11 @@ PACKAGE = "flamestream.core"
 _HERE = Path(__file__).parent
 
 COMPILED = ("meta", "item", "hashing", "limits", "dead_letter", "payload", "grouping", "worker", "barrier", "acker",
-            "front", "local", "columns")
+            "front", "local", "columns", "splice")
 """The core modules setup.py compiles: what a record's processing runs through (issue 13's profiles, README
-"Performance"), the local runtime's loop included.  Not the oracle (the definition to compare with, not a hot path),
-nor what runs once per deploy (graph, plan, functions, tick)."""
+"Performance"), the local runtime's loop included, and the loop over a large bucket's parts that snapshots run
+(``splice``).  Not the oracle (the definition to compare with, not a hot path), nor what runs once per deploy
+(graph, plan, functions, tick)."""
 
 
 def pure_requested() -> bool:

@@ -110,7 +110,7 @@ def encode_each(values: Iterable[Any]) -> Iterator[bytes]:
         yield encoded
 
 
-def fragments(values: list[Any]) -> list[bytes | None]:
+def fragments(values: list[Any], chunk: int | None = None) -> list[bytes | None]:
     """Each value's encoding without the protocol header, frame and stop around it, for ``encode_pair`` to join;
     None for a value that is large (more than one frame), needs the memo (shared or cyclic parts) or is not plain.
 
@@ -119,11 +119,14 @@ def fragments(values: list[Any]) -> list[bytes | None]:
     that changed.  A row encoded when its bucket changes is joined as it is.  How, cheaply: a pickler call per
     value cost five to eight times the value's own encoding, so a chunk of values goes in one call, as a tuple
     with a random separator after each, and is cut apart where the separators are.  A chunk that fails, or
-    does not fit in one frame (its output is capped there), is tried again in halves, down to single values.
+    does not fit in one frame (its output is capped there), is tried again in halves, down to single values:
+    values larger than a few dozen bytes want a smaller ``chunk`` than the default, or most chunks are encoded
+    more than once.
     """
+    size = chunk or _CHUNK
     codes: list[bytes | None] = []
-    for at in range(0, len(values), _CHUNK):
-        codes += _fragments(values[at:at + _CHUNK])
+    for at in range(0, len(values), size):
+        codes += _fragments(values[at:at + size])
     return codes
 
 
@@ -150,6 +153,9 @@ def _border_free_cut() -> bytes:
 
 _CUT = _border_free_cut()
 _SEPARATOR = _CUT[2:]
+HOLE = _border_free_cut()
+"""What ``splice`` puts where a part goes, encoded: a second random separator, since ``fragments`` cuts at ``_CUT``."""
+PLACEHOLDER = HOLE[2:]
 
 
 def _fragments(values: list[Any]) -> list[bytes | None]:
@@ -170,7 +176,7 @@ def _fragments(values: list[Any]) -> list[bytes | None]:
     return _fragments(values[:half]) + _fragments(values[half:])
 
 
-_HEADER = pickle.PROTO + bytes([pickle.HIGHEST_PROTOCOL])
+HEADER = pickle.PROTO + bytes([pickle.HIGHEST_PROTOCOL])
 
 
 def encode_pair(head: bytes, items: Iterable[bytes]) -> bytes:
@@ -179,7 +185,7 @@ def encode_pair(head: bytes, items: Iterable[bytes]) -> bytes:
     the unpickler reads a frame's bytes in one call, and an unframed index of 20,000 rows in one call per opcode
     (280,000 reads from a ``BytesIO``, 1.7 times the decoding time)."""
     parts = [b"](", head, b"](", *items, b"ee."]
-    return b"".join([_HEADER, pickle.FRAME, sum(map(len, parts)).to_bytes(8, "little"), *parts])
+    return b"".join([HEADER, pickle.FRAME, sum(map(len, parts)).to_bytes(8, "little"), *parts])
 
 
 def _without_memo(pickler: _PlainPickler, out: _Capped, value: Any) -> bytes | None:
