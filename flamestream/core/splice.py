@@ -15,8 +15,9 @@ bytes) is encoded, cut where the placeholders are, and joined in one frame
 with the parts' encodings: copied from the previous encoding where the part is
 the same object, encoded together by ``values.fragments`` where not.  Without
 the memo (``values.fragments`` writes none) an encoding is position-free, so
-its bytes mean the same anywhere.  Compiled: a Python loop over an index
-word's 64 shards cost more than encoding its whole list up to 13 KB.
+its bytes mean the same anywhere.  Compiled: interpreted, the loop over an
+index word's 64 shards took 65-85 us, more than encoding most of them whole;
+compiled, 24-30 us.
 """
 
 from __future__ import annotations

@@ -145,8 +145,8 @@ def _built(buckets: list[tuple[int, Hashable, Entries]], bodies: list[bytes], pa
 
 SPLICE_ABOVE = 4096
 """A changed bucket whose last encoding took at least this many bytes is encoded again through ``splice``, smaller
-ones whole.  Splicing an index word's 64 shards costs 25-29 us whatever their size (in batches, at 3,000 pages),
-encoding them whole 28 us below 4 KB, 44 us at 4-8 KB, 74 us at 8-12 KB and 130-180 us at 12-32 KB; unsharded
+ones whole.  Splicing an index word's 64 shards costs 24-30 us whatever their size (in batches, at 3,000 pages),
+encoding them whole 27 us below 4 KB, 43 us at 4-8 KB, 67 us at 8-12 KB and 85-150 us at 12-32 KB; unsharded
 entries stay below 4 KB (``examples/inverted_index.py`` shards a word's postings past 128 pages)."""
 
 
