@@ -438,6 +438,20 @@ def _image_through(path: Path, steps: list[tuple[int, int, int]], spliced: bool)
     assert (image.copied > 0) == (spliced and shared)
 
 
+def test_a_large_bucket_that_cannot_be_spliced_is_encoded_whole(tmp_path: Path) -> None:
+    """A bucket past ``SPLICE_ABOVE`` whose part is larger than a frame cannot be spliced: the image encodes it
+    whole, and the file reads back as the state."""
+    at = GlobalTime(6, 0)
+    second: Entries = [((at, (1,)), ("page", {"text": "y" * 70_000}))]
+    image = SnapshotImage()
+    image.update({"g": [(1, "k", [((GlobalTime(5, 0), (1,)), ("page", {"text": "x" * 70_000}))])]})
+    image.update({"g": [(1, "k", second)]})
+    path = snapshot_path(tmp_path, at, 0)
+    image.write(path, boundary=at, worker=0, tick=1)
+    assert by_key(read_snapshot(path)[1]) == {"g": {"k": (1, second)}}
+    assert image.copied == 0
+
+
 def test_a_paced_image_update_in_slices_writes_what_one_update_writes(tmp_path: Path) -> None:
     """``pacing``: the changes applied slice by slice, a little CPU at a time (none here: every call stops after
     its first slice), write the same file as one ``update``, groupings named without buckets included."""

@@ -98,7 +98,8 @@ class FrozenBucket(NamedTuple):
     too large for one frame, or one that needs the memo)."""
     parts: splice.Parts | None = None
     """Where the parts of its entries are encoded in ``body`` (``splice``), for the bucket's next encoding to copy
-    the unchanged ones; None if it was encoded whole or read from a file."""
+    the unchanged ones; None if it was encoded whole or read from a file.  It holds those parts until the bucket
+    changes again: the shards a second of postings replaced, at most, beyond what the state holds."""
 
     @property
     def h(self) -> int:
