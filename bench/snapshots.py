@@ -10,8 +10,9 @@ thread) and the file's write (join, checksum, write and fsync).  Every
 ``--report`` pages it prints one JSON line: those three in milliseconds of
 this thread's CPU, how many buckets changed, the file's size, the encoded
 size of the changed buckets and how much of it the update copied from the
-buckets' earlier encodings (``flamestream.core.splice``).  A node's worker holds its share of the hash
-space, so a 2-worker cluster's snapshots are about half of each figure.
+buckets' earlier encodings (``flamestream.core.splice``).  A node's worker
+holds its share of the hash space, so a 2-worker cluster's snapshots are
+about half of each figure.
 
 Each line also says what the whole loop cost since the line before: the
 process's CPU seconds, and the cyclic collector's collections (how many, their
