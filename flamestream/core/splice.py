@@ -55,18 +55,19 @@ def encode_spliced(jobs: list[tuple[Any, Parts, bytes | memoryview]]) -> list[Sp
     not plain): ``values.encode`` it.  Matched by place, not looked up: a bucket that changed keeps its shape (an
     index word's 64 shards), and a check per place costs next to nothing where a lookup per part did not."""
     skeletons: list[Any] = []
-    found: list[list[Any]] = []
+    found: list[tuple[list[Any], list[bool]]] = []
     fresh: list[Any] = []
     for value, parts, _old in jobs:
         mine: list[Any] = []
         skeletons.append(_skeleton(value, 0, mine))
-        found.append(mine)
-        fresh.extend(_changed(mine, parts))
+        kept = _kept(mine, parts)
+        found.append((mine, kept))
+        fresh += [part for part, same in zip(mine, kept, strict=True) if not same]
     codes = dict(zip(map(id, fresh), values.fragments(fresh, CHUNK), strict=True))
     out: list[Spliced | None] = []
-    for job, mine, skeleton in zip(jobs, found, values.fragments(skeletons, CHUNK), strict=True):
+    for job, (mine, kept), skeleton in zip(jobs, found, values.fragments(skeletons, CHUNK), strict=True):
         pieces = skeleton.split(values.HOLE) if skeleton is not None else []
-        out.append(_joined(pieces, mine, job[1], job[2], codes) if len(pieces) == len(mine) + 1 else None)
+        out.append(_joined(pieces, mine, kept, job[1][1], job[2], codes) if len(pieces) == len(mine) + 1 else None)
     return out
 
 
@@ -84,19 +85,18 @@ def _skeleton(value: Any, depth: int, parts: list[Any]) -> Any:
     return values.PLACEHOLDER
 
 
-def _changed(mine: list[Any], parts: Parts) -> list[Any]:
-    """The parts of ``mine`` that are not, at their place, the ones ``parts`` recorded."""
+def _kept(mine: list[Any], parts: Parts) -> list[bool]:
+    """For each part of ``mine``, whether it is, at its place, the one ``parts`` recorded (the same object, the same
+    length): its bytes can be copied."""
     before, bounds = parts
-    return [part for i, part in enumerate(mine)
-            if i >= len(before) or before[i] is not part or bounds[3 * i] != len(part)]
+    return [i < len(before) and before[i] is part and bounds[3 * i] == len(part) for i, part in enumerate(mine)]
 
 
-def _joined(pieces: list[bytes], mine: list[Any], parts: Parts, old: bytes | memoryview,
+def _joined(pieces: list[bytes], mine: list[Any], kept: list[bool], bounds: list[int], old: bytes | memoryview,
             codes: dict[int, bytes | None]) -> Spliced | None:
-    """The encoding: ``pieces`` (the skeleton cut at its placeholders) with ``mine``, its parts, between them.
-    Consecutive parts copied from consecutive bytes of ``old`` are copied as one slice."""
+    """The encoding: ``pieces`` (the skeleton cut at its placeholders) with ``mine``, its parts, between them; a
+    part ``kept`` copied from ``old`` where ``bounds`` says, consecutive ones from consecutive bytes as one slice."""
     view = memoryview(old)
-    before, bounds = parts
     chunks: list[bytes | memoryview] = [pieces[0]]
     recorded: list[int] = []
     at = _BODY_START + len(pieces[0])
@@ -106,7 +106,7 @@ def _joined(pieces: list[bytes], mine: list[Any], parts: Parts, old: bytes | mem
     for i in range(len(mine)):
         part = mine[i]
         size = len(part)
-        if i < len(before) and before[i] is part and bounds[3 * i] == size:
+        if kept[i]:
             start, end = bounds[3 * i + 1], bounds[3 * i + 2]
             if start != run_end:
                 if run_start >= 0:

@@ -110,7 +110,12 @@ def encode_each(values: Iterable[Any]) -> Iterator[bytes]:
         yield encoded
 
 
-def fragments(values: list[Any], chunk: int | None = None) -> list[bytes | None]:
+_CHUNK = 512
+"""Values ``fragments`` encodes in one pickler call by default: an index's rows (30-70 bytes each, and a separator's
+18) fit in one frame."""
+
+
+def fragments(values: list[Any], chunk: int = _CHUNK) -> list[bytes | None]:
     """Each value's encoding without the protocol header, frame and stop around it, for ``encode_pair`` to join;
     None for a value that is large (more than one frame), needs the memo (shared or cyclic parts) or is not plain.
 
@@ -123,16 +128,12 @@ def fragments(values: list[Any], chunk: int | None = None) -> list[bytes | None]
     values larger than a few dozen bytes want a smaller ``chunk`` than the default, or most chunks are encoded
     more than once.
     """
-    size = chunk or _CHUNK
     codes: list[bytes | None] = []
-    for at in range(0, len(values), size):
-        codes += _fragments(values[at:at + size])
+    for at in range(0, len(values), chunk):
+        codes += _fragments(values[at:at + chunk])
     return codes
 
 
-_CHUNK = 512
-"""Values ``fragments`` encodes in one pickler call: an index's rows (30-70 bytes each, and a separator's 18)
-fit in one frame."""
 _ONE_FRAME = 60_000
 """Output below the pickler's frame size (64 KiB) is one frame, and holds no string or bytes written outside it."""
 

@@ -197,11 +197,19 @@ class SnapshotImage:
         (``splice``); a bucket that cannot be is encoded whole."""
         done = splice.encode_spliced([(_encodable(bucket), old.parts or splice.NO_PARTS, old.body)
                                       for bucket, old in large])
-        spliced = [(bucket, result) for (bucket, _old), result in zip(large, done, strict=True) if result is not None]
-        self.copied += sum(result[2] for _bucket, result in spliced)
-        return (_built([bucket for bucket, _result in spliced], [result[0] for _bucket, result in spliced],
-                       [result[1] for _bucket, result in spliced], "")
-                + _frozen([bucket for (bucket, _old), result in zip(large, done, strict=True) if result is None], ""))
+        spliced: list[tuple[int, Hashable, Entries]] = []
+        bodies: list[bytes] = []
+        parts: list[splice.Parts | None] = []
+        whole: list[tuple[int, Hashable, Entries]] = []
+        for (bucket, _old), result in zip(large, done, strict=True):
+            if result is None:
+                whole.append(bucket)
+            else:
+                spliced.append(bucket)
+                bodies.append(result[0])
+                parts.append(result[1])
+                self.copied += result[2]
+        return _built(spliced, bodies, parts, "") + _frozen(whole, "")
 
     def adopt(self, name: str, bucket: FrozenBucket) -> None:
         """Hold ``bucket`` as it was read from a snapshot: a worker that took it over lazily writes it unchanged
