@@ -11,7 +11,7 @@ import pytest
 
 import flamestream.core as core
 from flamestream.bench.report import plot_cdf
-from flamestream.bench.runner import head_of_line, head_of_line_figures, latency_figures, percentile
+from flamestream.bench.runner import cpu_per_unit, head_of_line, head_of_line_figures, latency_figures, percentile
 from flamestream.bench.suite import _comparisons
 from flamestream.bench.workloads import InvertedIndex, PageProgress, Wordcount, WordcountProgress
 
@@ -122,6 +122,11 @@ def test_comparisons_are_peer_p50_over_ours() -> None:
     assert _comparisons(main) == {"spark_p50_over_ours_p50": 100.0}
 
 
+def test_cpu_per_unit_is_microseconds_of_all_processes_per_unit_done() -> None:
+    assert cpu_per_unit(7.5, 98_051) == 76.5  # the index at 20 pages/s: 7.5 s of CPU for 98,051 changelog records
+    assert cpu_per_unit(1.0, 0) is None  # nothing done: no figure, not a division by zero
+
+
 def test_without_matplotlib_the_plot_is_skipped_not_a_traceback(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # None in sys.modules: the import raises ImportError
@@ -148,6 +153,8 @@ def test_smoke_run_writes_result_and_plot_ours_first(tmp_path: Path) -> None:
         assert entry["correct"] or entry["name"] == "flamestream (guarantees off)", entry
         assert entry["p50_ms"] <= entry["p90_ms"] <= entry["p99_ms"] <= entry["max_ms"]
         assert entry["throughput"] > 0 and entry["cpu_seconds"] > 0 and entry["peak_rss_mb"] > 0
+        if entry["name"] == "flamestream":  # exactly once: a word count record per word, the unit
+            assert entry["cpu_us_per_unit"] == cpu_per_unit(entry["cpu_seconds"], entry["records_consumed"]), entry
     assert result["systems"][0]["replay_overhead"] >= 1.0
     assert result["machine"]["cores"] and result["seed"] == 1 and result["rate"] == 20
     assert result["versions"]["flamestream core"] == core.BUILD, "the result says which core ran"

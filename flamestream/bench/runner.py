@@ -78,6 +78,13 @@ def head_of_line_figures(split: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+def cpu_per_unit(cpu_seconds: float, units: float) -> float | None:
+    """Microseconds of CPU, over every process of the run (the harness's too), per unit of work done: per changelog
+    record on the inverted index, per word on word count.  Issue #13 asks for it as the figure that does not depend
+    on how fast the machine is this hour (a 2x drift within an hour moves every latency).  None if nothing was done."""
+    return round(1e6 * cpu_seconds / units, 1) if units else None
+
+
 def run(spec: RunSpec) -> dict[str, Any]:
     workload = load_workload(spec.workload)
     system = load(spec.system)
@@ -103,7 +110,9 @@ def run(spec: RunSpec) -> dict[str, Any]:
         "throughput": round(completed / span, 2) if completed else 0.0,
         "units_per_s": round(tracker.units * completed / pushed / span, 1) if completed else 0.0,
         "events_pushed": pushed, "events_completed": completed, "records_consumed": len(tracker.records),
-        **usage, "replay_overhead": extras.pop("replay_overhead", None),
+        **usage, "cpu_us_per_unit": cpu_per_unit(usage["cpu_seconds"], tracker.units * completed / pushed
+                                                 if completed else 0.0),
+        "replay_overhead": extras.pop("replay_overhead", None),
         "complete": completed == pushed, "correct": check.correct, "check": asdict(check), **extras,
         "latencies_ms": [round(s * 1000, 3) for s in tracker.latencies],
         "head_of_line_ms": head_of_line(tracker.completions),

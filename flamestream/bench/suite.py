@@ -111,7 +111,7 @@ def _pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
         pooled["head_of_line"] = head_of_line_figures(
             {"large_units": splits[0]["large_units"],
              **{kind: [v for split in splits for v in split[kind]] for kind in ("large", "behind_large", "alone")}})
-    for key in ("throughput", "units_per_s", "cpu_seconds", "peak_rss_mb", "replay_overhead"):
+    for key in ("throughput", "units_per_s", "cpu_seconds", "cpu_us_per_unit", "peak_rss_mb", "replay_overhead"):
         values = [r[key] for r in ok if r.get(key) is not None]
         pooled[key] = round(statistics.median(values), 4) if values else None
     roles = {role for r in ok for role in r.get("cpu_seconds_by_process", {})}
@@ -205,8 +205,8 @@ def _without_latencies(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _brief(entry: dict[str, Any]) -> dict[str, Any]:
-    keys = ("rate", "p50_ms", "p99_ms", "throughput", "units_per_s", "cpu_seconds", "replay_overhead", "correct",
-            "events_pushed", "events_completed", "error")
+    keys = ("rate", "p50_ms", "p99_ms", "throughput", "units_per_s", "cpu_seconds", "cpu_us_per_unit",
+            "replay_overhead", "correct", "events_pushed", "events_completed", "error")
     return {k: entry[k] for k in keys if k in entry}
 
 
@@ -219,7 +219,8 @@ def _summary(entry: dict[str, Any]) -> str:
     if "error" in entry:
         return f"{entry['system']}: FAILED {entry['error']} (log: {entry['log']})"
     return (f"{entry['system']} ({entry['guarantees']}): p50 {entry['p50_ms']} ms, p99 {entry['p99_ms']} ms, "
-            f"{entry['units_per_s']} units/s, {entry['events_completed']}/{entry['events_pushed']} done, "
+            f"{entry['units_per_s']} units/s, {entry['cpu_us_per_unit']} µs of CPU a unit, "
+            f"{entry['events_completed']}/{entry['events_pushed']} done, "
             f"correct={entry['correct']}{_behind_large(entry)}")
 
 
