@@ -37,6 +37,7 @@ from typing import Any, NoReturn
 import grpc
 
 from flamestream.core.barrier import ArrivalBuffer, BarrierBuffer, Released
+from flamestream.core.columns import record_batch
 from flamestream.core.item import Item
 from flamestream.core.limits import RETRY_HINT, group_fault
 from flamestream.core.meta import GlobalTime
@@ -492,7 +493,9 @@ class BarrierService(pb_grpc.BarrierServicer):
                                 f"offset {offset} is outside partition {partition.number}: valid offsets are "
                                 f"0..{partition.end}")
 
-    async def Subscribe(self, request: pb.SubscribeRequest, context: Context) -> AsyncIterator[pb.RecordBatch]:
+    async def Subscribe(self, request: pb.SubscribeRequest, context: Context) -> AsyncIterator[bytes]:
+        """Stream the partition's records from the requested offset on, as serialized ``RecordBatch`` messages
+        (``columns.record_batch``: built from the stored records' bytes, not as messages)."""
         partition = await self._owned(request.partition, context)
         offset = request.from_offset
         await self._check_offset(partition, offset, context)
@@ -502,20 +505,15 @@ class BarrierService(pb_grpc.BarrierServicer):
             while not self._closing:
                 appended = partition.appended  # captured before checking ``end``: see _Partition.wake
                 if offset < partition.end:
-                    batch = pb.RecordBatch()
                     # Not past ``end``: the log publishes an append's records before ``append`` returns to the loop,
                     # and a consumer that read them would commit an offset Commit still refuses as out of range.
                     count = min(_READ_BATCH, partition.end - offset)
                     read = partition.recent(offset, count)
                     if read is None:
                         read = await asyncio.to_thread(reader.read, offset, count)
-                    for record_offset, data in read:
-                        record = batch.records.add()
-                        record.MergeFromString(data)
-                        record.partition = partition.number
-                        record.offset = record_offset
-                        offset = record_offset + 1
-                    yield batch
+                    if read:
+                        offset = read[-1][0] + 1
+                    yield record_batch(partition.number, read)
                 else:
                     await appended.wait()
         finally:

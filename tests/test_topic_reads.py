@@ -30,10 +30,10 @@ def test_a_subscriber_stops_at_the_appended_end_while_an_append_is_returning(tmp
         partition.log.append_many([record(1), record(2), record(3)])  # the append, as its worker thread runs it
         partition._appended([record(1)])  # the event loop has learnt of one record; the other two are on their way
         stream = barrier.Subscribe(pb.SubscribeRequest(partition=0, from_offset=0), cast(Any, LocalContext()))
-        first = await anext(stream)
+        first = pb.RecordBatch.FromString(await anext(stream))  # the barrier sends batches it serialized itself
         assert [r.offset for r in first.records] == [0]
         partition._appended([record(2), record(3)])  # the append returned
-        assert [r.offset for r in (await anext(stream)).records] == [1, 2]
+        assert [r.offset for r in pb.RecordBatch.FromString(await anext(stream)).records] == [1, 2]
         await stream.aclose()
         partition.log.close()
 
@@ -56,7 +56,7 @@ def test_a_subscriber_that_keeps_up_is_sent_the_newest_records_from_memory(
 
     async def subscribe(barrier: BarrierService, offset: int) -> list[tuple[int, bytes]]:
         stream = barrier.Subscribe(pb.SubscribeRequest(partition=0, from_offset=offset), cast(Any, LocalContext()))
-        batch = await anext(stream)
+        batch = pb.RecordBatch.FromString(await anext(stream))
         await stream.aclose()
         return [(r.offset, r.SerializeToString()) for r in batch.records]
 

@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from flamestream.core import columns
 from flamestream.core import payload as payloads
 from flamestream.core.meta import GlobalTime
 from flamestream.wire import codec, flamestream_pb2
@@ -105,3 +108,29 @@ def test_to_records_writes_the_bytes_protobuf_would(gt: GlobalTime, length: int)
     expected = flamestream_pb2.Record(time=flamestream_pb2.GlobalTime(ts=gt.ts, front=gt.front),
                                       payload=payloads.encode_payload(payload))
     assert data == expected.SerializeToString()
+
+
+@settings(max_examples=300, deadline=None)
+@given(partition=st.integers(0, 2**31 - 1),
+       records=st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**62), st.integers(0, 2**31 - 1),
+                                  st.binary(max_size=300)), max_size=8))
+@example(partition=0, records=[(0, 0, 0, b"")])  # every field at its default: protobuf leaves them all out
+def test_record_batches_are_the_bytes_protobuf_would_write(partition: int,
+                                                           records: list[tuple[int, int, int, bytes]]) -> None:
+    """The barrier sends ``columns.record_batch``'s bytes as the ``RecordBatch`` messages of a subscription: they must
+    be the ones protobuf writes for the same records, whatever the partition, the offsets (one to ten byte varints)
+    and the stored records' sizes."""
+    stored = [(offset, flamestream_pb2.Record(time=flamestream_pb2.GlobalTime(ts=ts, front=front),
+                                              payload=data).SerializeToString())
+              for offset, ts, front, data in records]
+    expected = flamestream_pb2.RecordBatch(records=[
+        flamestream_pb2.Record(partition=partition, offset=offset, time=flamestream_pb2.GlobalTime(ts=ts, front=front),
+                               payload=data) for offset, ts, front, data in records])
+    assert columns.record_batch(partition, stored) == expected.SerializeToString()
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 2**31 - 1, 2**63 - 1, -1, -(2**31), -(2**63)])
+def test_varints_are_protobufs(n: int) -> None:
+    """Negative numbers as protobuf writes a negative int64: ten bytes of two's complement."""
+    field = flamestream_pb2.Record(offset=n).SerializeToString() if n else b"\x10\x00"
+    assert b"\x10" + columns.varint(n) == field

@@ -86,28 +86,15 @@ def to_records(items: list[Item]) -> list[Item]:
         time = times.get(gt)
         if time is None:
             encoded = pb.GlobalTime(ts=gt.ts, front=gt.front).SerializeToString()
-            time = times[gt] = _TIME_TAG + _varint(len(encoded)) + encoded
+            time = times[gt] = _TIME_TAG + columns.varint(len(encoded)) + encoded
         data = encode_payload(payload)
-        out.append((time + _PAYLOAD_TAG + _varint(len(data)) + data if data else time, gt, trace, False))
+        out.append((time + _PAYLOAD_TAG + columns.varint(len(data)) + data if data else time, gt, trace, False))
     return out
 
 
 _TIME_TAG, _PAYLOAD_TAG = b"\x1a", b"\x22"
 """``Record.time`` (field 3) and ``Record.payload`` (field 4), both length-delimited (wire type 2)."""
 
-_ONE_BYTE = [bytes((n,)) for n in range(128)]
-
-
-def _varint(n: int) -> bytes:
-    """``n`` >= 0 as a protobuf varint: seven bits a byte, low first, the high bit set on all but the last."""
-    if n < 128:
-        return _ONE_BYTE[n]
-    out = bytearray()
-    while n >= 128:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def new_acks(times: Iterable[GlobalTime]) -> dict[GlobalTime, int]:
@@ -270,10 +257,15 @@ def add_servicer(server: grpc.aio.Server, servicer: Any, service: ServiceDescrip
         handler = _parsing(getattr(servicer, method.name), _parser(parse, path, method.input_type.full_name),
                            method.client_streaming, method.server_streaming)
         handlers[method.name] = _METHOD_HANDLERS[method.client_streaming, method.server_streaming](
-            handler, request_deserializer=None,
-            response_serializer=message_factory.GetMessageClass(method.output_type).SerializeToString)
+            handler, request_deserializer=None, response_serializer=_serialized)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _serialized(response: Message | bytes) -> bytes:
+    """A handler's response as bytes: a message serialized, or bytes a handler already serialized itself (the
+    barrier's ``Subscribe`` builds its ``RecordBatch`` messages from stored records: ``columns.record_batch``)."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 _Context = grpc.aio.ServicerContext[Any, Any]
