@@ -96,7 +96,6 @@ _TIME_TAG, _PAYLOAD_TAG = b"\x1a", b"\x22"
 """``Record.time`` (field 3) and ``Record.payload`` (field 4), both length-delimited (wire type 2)."""
 
 
-
 def new_acks(times: Iterable[GlobalTime]) -> dict[GlobalTime, int]:
     """One fresh random 64-bit ack value per global time of a batch about to be sent."""
     return {gt: _ack_random.getrandbits(64) for gt in times}
