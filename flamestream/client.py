@@ -179,6 +179,24 @@ class Record:
     """The consumer group it was read for: what ``commit`` stores its offset in."""
 
 
+_new_record = object.__new__
+
+
+def _record(partition: int, offset: int, time: GlobalTime, payload: Any, group: str | None) -> Record:
+    """``Record(partition, offset, time, payload, group)``, built the way a consumer builds every record it reads.
+
+    Why not the dataclass's ``__init__``: a frozen dataclass sets each field
+    through ``object.__setattr__``, 1.2 us a record, a third of what
+    consuming a record cost (the payload's JSON and the message's fields the
+    rest).  Filling the new instance's ``__dict__`` at once is what those
+    calls amount to, in 0.5 us; the record is the same frozen ``Record``
+    (equal, hashed and shown alike: ``tests/test_client_records.py``).
+    """
+    record = _new_record(Record)
+    record.__dict__.update(partition=partition, offset=offset, time=time, payload=payload, group=group)
+    return record
+
+
 @dataclass(frozen=True)
 class BarrierStats:
     received: int
@@ -888,9 +906,9 @@ class AsyncClient:
                     records: list[Record] = []
                     try:
                         for message in batch.records:
-                            records.append(Record(partition=message.partition, offset=message.offset,
-                                                  time=GlobalTime(message.time.ts, message.time.front),
-                                                  payload=decode_payload(message.payload), group=group))
+                            records.append(_record(message.partition, message.offset,
+                                                   GlobalTime(message.time.ts, message.time.front),
+                                                   decode_payload(message.payload), group))
                     finally:  # what decoded before a bad payload is still delivered, in order
                         if records:
                             offset = records[-1].offset + 1
