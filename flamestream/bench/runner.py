@@ -104,14 +104,15 @@ def run(spec: RunSpec) -> dict[str, Any]:
     completed = len(tracker.latencies)
     span = ((tracker.last_done or 0.0) - (tracker.first_due or 0.0)) or elapsed
     pushed = len(tracker.payloads)
+    units = tracker.units * completed / pushed if completed else 0.0
+    """Units of the completed events (all of them when the run is complete)."""
     return {
         "system": spec.system, "guarantees": system.guarantees, "rate": spec.rate,
         **latency_figures(tracker.latencies),
         "throughput": round(completed / span, 2) if completed else 0.0,
-        "units_per_s": round(tracker.units * completed / pushed / span, 1) if completed else 0.0,
+        "units_per_s": round(units / span, 1) if completed else 0.0,
         "events_pushed": pushed, "events_completed": completed, "records_consumed": len(tracker.records),
-        **usage, "cpu_us_per_unit": cpu_per_unit(usage["cpu_seconds"], tracker.units * completed / pushed
-                                                 if completed else 0.0),
+        **usage, "cpu_us_per_unit": cpu_per_unit(usage["cpu_seconds"], units),
         "replay_overhead": extras.pop("replay_overhead", None),
         "complete": completed == pushed, "correct": check.correct, "check": asdict(check), **extras,
         "latencies_ms": [round(s * 1000, 3) for s in tracker.latencies],
