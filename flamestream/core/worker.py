@@ -86,6 +86,8 @@ def merge_states(states: Iterable[WorkerState]) -> WorkerState:
     return merged
 
 
+EAGER_FANOUT: Final = 32
+"""A fan-out that sends at least this many items to other workers hands them over at once (``Worker.run``)."""
 _SINK: Final = 0
 _LOCAL: Final = 1
 _HASHED: Final = 2
@@ -237,6 +239,15 @@ class Worker:
         output after it, so the page's latency is the sum of everyone's work.
         Handed over as produced, they work alongside.  The last piece may be
         empty; without ``flush`` it is the only one.
+
+        A piece also ends right after a fan-out that sent ``EAGER_FANOUT``
+        items or more to other workers, however few are pending: a median page
+        of the index (157 postings) never reached ``flush``, so the other worker
+        got its half only after the owner had worked through its own, and the
+        two halves ran one after the other.  Handed over at once they run side
+        by side (p50 at 20 pages/s 12.6-13.6 -> 11.4-12.1 ms).  Smaller
+        fan-outs (word count's ten-word lines) wait for ``flush`` as before:
+        a message per line would cost more than it saves.
         """
         plan = self.plan
         kinds, routes, names, balances = plan.kinds, plan.routes, plan.names, plan.balances
@@ -251,6 +262,7 @@ class Worker:
         outs: list[Item] | None
         while stack:
             op, h, item = stack.pop()
+            eager = False  # whether this item fanned out to other workers widely enough to hand the piece over now
             while True:  # an item, then its only output while that stays here (see the end of the loop)
                 kind = kinds[op]
                 nxt = first[op]
@@ -299,12 +311,14 @@ class Worker:
                         sent += self._route(dst, [(payload, gt, trace + _child(i), tomb)], h, local, remote, barrier,
                                             copy, emits, lo, hi)
                 elif outs:  # every other operation has one downstream operation
-                    sent += self._route(nxt, outs, h, local, remote, barrier, copy, emits, lo, hi)
+                    fanned = self._route(nxt, outs, h, local, remote, barrier, copy, emits, lo, hi)
+                    sent += fanned
+                    eager = fanned >= EAGER_FANOUT
                 if local:
                     local.reverse()
                     stack.extend(local)
                 break
-            if flush is not None and sent + len(barrier) >= flush and stack:
+            if flush is not None and (sent + len(barrier) >= flush or eager) and stack:
                 yield remote, barrier
                 remote, barrier, sent = {}, [], 0
         yield remote, barrier
