@@ -48,7 +48,7 @@ from flamestream.core.hashing import stable_hash
 from flamestream.core.limits import MAX_NAME_BYTES, RETRY_HINT, group_fault
 from flamestream.core.meta import GlobalTime, boundary_name
 from flamestream.core.payload import PayloadError, decode_payload, encode_event
-from flamestream.core.tick import Layout, Tick
+from flamestream.core.tick import Layout, Tick, weight_fault
 from flamestream.wire import flamestream_pb2 as pb
 from flamestream.wire.security import ENV, Credentials, discover, find_credentials
 from flamestream.wire.transport import channel as open_channel
@@ -250,6 +250,21 @@ def _numbered(role: str, members: dict[str, dict[str, Any]], key: str) -> list[t
     """(number registered under ``key``, address) of every member, sorted: workers by index, fronts by id."""
     return sorted((int(_field(role, name, info, key)), str(_field(role, name, info, "address")))
                   for name, info in members.items())
+
+
+def _weights(workers: dict[str, dict[str, Any]], count: int) -> list[float]:
+    """The registered weights of workers ``0 .. count-1`` (``Layout.weighted``; 1 for a worker that registered none,
+    as one of a version before weights did); a weight that is not one is the member's error, named."""
+    weights = [1.0] * count
+    for name, info in workers.items():
+        index = int(_field(WORKER, name, info, "index"))
+        if index < count:
+            weight = info.get("weight", 1.0)
+            fault = weight_fault(weight)
+            if fault is not None:
+                raise ClientError(f"member {WORKER}/{name} registered a bad weight: {fault}")
+            weights[index] = float(weight)
+    return weights
 
 
 class _Backoff:
@@ -611,7 +626,9 @@ class AsyncClient:
         """Publish a tick running ``graph`` on the registered members; returns its number.
 
         The tick lists the workers in index order (worker ``i`` owns hash range
-        ``i``; ``workers`` takes the first that many), the fronts, the acker and
+        ``i``, sized by the weight it registered, ``--worker-weight``: by
+        default half as large for a worker whose node also runs a front, the
+        acker or a barrier; ``workers`` takes the first that many), the fronts, the acker and
         the barrier of every front partition; members are re-read so the tick
         reflects the cluster as it is now.  The first tick starts now.  Later
         ones hand over: they start at a global time T past every front's
@@ -640,7 +657,8 @@ class AsyncClient:
                       fresh: bool = False) -> int:
         self._forget_members()
         ackers = await self.members(ACKER)
-        registered = _numbered(WORKER, await self.members(WORKER), "index")
+        worker_members = await self.members(WORKER)
+        registered = _numbered(WORKER, worker_members, "index")
         fronts = await self._fronts()
         barriers = await self._barriers()
         if len(ackers) != 1:
@@ -655,7 +673,8 @@ class AsyncClient:
         (acker_name, acker_info), = ackers.items()
         loads = await self._in_zookeeper("reading the load", lambda store: store.loads()) if rebalance else []
         tick = Tick(number=0, start=GlobalTime(time.time_ns() // 1_000_000, 0), graph=graph,
-                    layout=Layout.balanced(loads, len(by_index)), workers=tuple(address for _, address in by_index),
+                    layout=Layout.balanced(loads, len(by_index), _weights(worker_members, len(by_index))),
+                    workers=tuple(address for _, address in by_index),
                     fronts=tuple(front for front, _ in fronts),
                     acker=str(_field(ACKER, acker_name, acker_info, "address")),
                     barriers=tuple(sorted(barriers.items())))

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from flamestream import cli
+from flamestream import cli, roles
+from flamestream.roles import SHARED_NODE_WEIGHT
 from flamestream.runtime import launcher, tls
 from flamestream.wire.security import ADVERTISED, ENV, ROLES, discover
+from flamestream.workers.service import WorkerRole
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,3 +151,22 @@ def test_up_passes_the_memory_budget_to_workers_and_keeps_it_for_scale() -> None
     assert "--memory-budget-mb" not in node(launcher.NodePlan("f", front=0))
     state = launcher.ClusterState(cluster="c", zookeeper="zk:1", own_zookeeper=False, memory_budget_mb=800)
     assert launcher.ClusterState.from_json(state.to_json()).memory_budget_mb == 800  # nodes `scale` adds get it
+
+
+@pytest.mark.parametrize(("flags", "weight"), [
+    ((), 1.0),  # a worker alone on its node
+    (("--acker",), SHARED_NODE_WEIGHT),
+    (("--front", "0", "--data-dir", "d"), SHARED_NODE_WEIGHT),
+    (("--barrier", "0", "--data-dir", "d"), SHARED_NODE_WEIGHT),
+    (("--front", "0", "--data-dir", "d", "--worker-weight", "2"), 2.0),  # the flag wins
+])
+def test_a_worker_beside_other_roles_registers_a_smaller_weight(flags: tuple[str, ...], weight: float) -> None:
+    args = cli.build_parser().parse_args(["node", "--zookeeper", "z", "--worker", "1", *flags])
+    assert roles.worker_weight(args) == weight
+    assert WorkerRole(1, weight=roles.worker_weight(args)).info() == {"index": 1, "weight": weight}
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "101", "nan", "inf", "heavy"])
+def test_a_bad_worker_weight_is_refused(bad: str) -> None:
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["node", "--zookeeper", "z", "--worker", "1", "--worker-weight", bad])

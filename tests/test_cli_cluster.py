@@ -560,6 +560,31 @@ def test_deploy_publishes_a_tick_of_the_registered_members(
     assert tick.graph["name"] == "wordcount" and tick.start.front == 0 and tick.start.ts >= before
 
 
+def test_deploy_cuts_the_hash_space_by_the_registered_weights(store: ClusterStore, zookeeper: str,
+                                                              cluster_name: str) -> None:
+    """A worker beside other roles registers half the weight (``roles.worker_weight``), one of an older version
+    none (1); a weight that is not one is refused, naming the member, and nothing is published."""
+    store.register("acker", "acker", {"address": "10.0.0.1:1"})
+    store.register("worker", "worker0", {"address": "10.0.1.0:1", "index": 0, "weight": 0.5})
+    store.register("worker", "worker1", {"address": "10.0.1.1:1", "index": 1, "weight": 1.0})
+    store.register("worker", "worker2", {"address": "10.0.1.2:1", "index": 2})
+    store.register("front", "front0", {"address": "10.0.2.0:1", "id": 0})
+    store.register("barrier", "barrier0", {"address": "10.0.3.0:1", "partitions": [0]})
+    where = ("--zookeeper", zookeeper, "--cluster", cluster_name)
+    done = flamestream("deploy", "examples/wordcount.py", *where)
+    assert done.returncode == 0, done.stderr
+    number, data = store.latest_tick() or (None, {})
+    layout = Tick.from_dict({**data, "number": number}).layout
+    assert layout == Layout.weighted([0.5, 1.0, 1.0])
+    lo, hi = layout.range_of(0)
+    assert abs((hi - lo + 1) / (1 << 32) - 0.2) < 1e-6  # half of what each other worker gets
+    store.register("worker", "worker3", {"address": "10.0.1.3:1", "index": 3, "weight": "heavy"})
+    refused = flamestream("deploy", "examples/wordcount.py", "--fresh", *where)
+    assert refused.returncode == 1 and "member worker/worker3 registered a bad weight: a worker's weight must be a " \
+        "finite number, not 'heavy'" in refused.stderr, refused.stderr
+    assert (store.latest_tick() or (None,))[0] == number, "nothing published"
+
+
 def test_deploy_warns_when_a_grouping_takes_over_state_under_other_functions_and_refuses_another_window(
         store: ClusterStore, zookeeper: str, cluster_name: str, tmp_path: Path) -> None:
     """Both examples name a grouping ``by_word``; the index's, handed word count's counts, failed on every word seen

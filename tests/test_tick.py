@@ -159,3 +159,60 @@ def test_a_hot_key_gets_a_worker_of_its_own() -> None:
     owner = layout.owner(hot)
     assert layout.range_of(owner) == (hot, hot + (1 << 24) - 1)  # nothing else shares the hot bucket's worker
     assert Layout.balanced([0] * 256, 3) == Layout.even(3)
+
+
+weights_lists = st.lists(st.floats(0.01, 100.0), min_size=1, max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(weights=weights_lists)
+@example(weights=[0.5, 1.0])  # a worker beside the front, the acker and the barrier, and one alone
+@example(weights=[0.01] + [100.0] * 7)
+def test_weighted_layouts_give_each_worker_its_share_of_the_hash_space(weights: list[float]) -> None:
+    layout = Layout.weighted(weights)  # valid: starts at INT32_MIN, strictly increasing (checked by Layout)
+    assert layout.workers == len(weights)
+    space = INT32_MAX - INT32_MIN + 1
+    for i, weight in enumerate(weights):
+        lo, hi = layout.range_of(i)
+        assert abs((hi - lo + 1) - space * weight / sum(weights)) <= 2, (i, weights)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5, 8])
+def test_equal_weights_are_the_even_layout(workers: int) -> None:
+    assert Layout.weighted([0.7] * workers) == Layout.even(workers)
+    assert Layout.balanced([], workers, [1.0] * workers) == Layout.even(workers)
+
+
+def test_half_the_weight_is_a_third_of_two_workers() -> None:
+    layout = Layout.weighted([0.5, 1.0])
+    assert layout.starts == (INT32_MIN, INT32_MIN + (1 << 32) // 3)
+    assert Layout.balanced([0] * 256, 2, [0.5, 1.0]) == layout  # nothing measured: the weights alone
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, 0.001, 1000.0, float("nan"), float("inf"), True, "1", None])
+def test_weights_out_of_range_or_not_numbers_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="a worker's weight must be"):
+        Layout.weighted([1.0, bad])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="a worker's weight must be"):
+        Layout.balanced([1] * 8, 2, [1.0, bad])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="2 weights for 3 workers"):
+        Layout.balanced([1] * 8, 3, [1.0, 1.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(loads=st.lists(st.integers(0, 1000), min_size=8, max_size=64), weights=weights_lists)
+def test_weighted_balanced_layouts_split_the_load_in_proportion(loads: list[int], weights: list[float]) -> None:
+    workers = len(weights)
+    layout = Layout.balanced(loads, workers, weights)
+    assert layout.workers == workers
+    if sum(loads) == 0 or workers > len(loads):
+        assert layout == Layout.weighted(weights)
+        return
+    width = (INT32_MAX - INT32_MIN + 1) // len(loads)
+    borders = [(start - INT32_MIN) // width for start in layout.starts]
+    assert all((start - INT32_MIN) % width == 0 for start in layout.starts)
+    for k in range(1, workers):  # within a bucket of its weighted target, unless pushed (as unweighted)
+        border = borders[k]
+        if borders[k - 1] + 1 < border < len(loads) - (workers - k):
+            target = sum(loads) * sum(weights[:k]) / sum(weights)
+            assert abs(sum(loads[:border]) - target) <= max(loads[border - 1], loads[border]) + 1e-6, (k, border)

@@ -869,19 +869,21 @@ class WorkerRole:
     kind = "worker"
 
     def __init__(self, index: int, store: ClusterStore | None = None, data_dir: Path | None = None, *,
-                 batch_items: int = 256, linger_ms: float = 0.0, snapshot_interval_ms: int = 1000,
+                 weight: float = 1.0, batch_items: int = 256, linger_ms: float = 0.0, snapshot_interval_ms: int = 1000,
                  snapshot_retention: int = 2, memory_budget_mb: int = 0,
                  snapshot_cpu_share: float = SNAPSHOT_CPU_SHARE,
                  snapshot_max_stride: int = MAX_SNAPSHOT_STRIDE) -> None:
         self.index = index
         self.name = f"worker{index}"
+        self.weight = weight
+        """Its share of the hash space relative to the other workers' (registered; ``deploy`` cuts by it)."""
         self._store, self._data_dir = store, data_dir
         self._options = (batch_items, linger_ms, snapshot_interval_ms, snapshot_retention, memory_budget_mb,
                          snapshot_cpu_share, snapshot_max_stride)
         self.service: WorkerService | None = None
 
     def info(self) -> dict[str, Any]:
-        return {"index": self.index}
+        return {"index": self.index, "weight": self.weight}
 
     def register(self, server: grpc.aio.Server, local: LocalEndpoints) -> None:
         self.service = WorkerService(self.index, local, self._store, self._data_dir, *self._options)

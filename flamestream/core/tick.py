@@ -8,13 +8,35 @@ with a different layout.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
 from flamestream.core.hashing import INT32_MAX, INT32_MIN
 from flamestream.core.meta import GlobalTime
+
+MIN_WEIGHT = 0.01
+MAX_WEIGHT = 100.0
+"""A worker's weight (its share of the hash space relative to the others') lies within these: a range of ten
+thousand to one keeps every worker's share far above one hash."""
+
+
+def weight_fault(weight: object) -> str | None:
+    """Why ``weight`` cannot be a worker's weight, or None (a number within ``MIN_WEIGHT`` .. ``MAX_WEIGHT``)."""
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+        return f"a worker's weight must be a finite number, not {weight!r:.40}"
+    if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        return f"a worker's weight must be within {MIN_WEIGHT:g} .. {MAX_WEIGHT:g}, not {weight:g}"
+    return None
+
+
+def _check(weights: Sequence[float]) -> None:
+    for weight in weights:
+        if (fault := weight_fault(weight)) is not None:
+            raise ValueError(fault)
 
 
 @dataclass(frozen=True)
@@ -31,23 +53,48 @@ class Layout:
         return cls(tuple(INT32_MIN + i * span for i in range(workers)))
 
     @classmethod
-    def balanced(cls, loads: list[int], workers: int) -> Layout:
+    def weighted(cls, weights: Sequence[float]) -> Layout:
+        """Ranges in proportion to ``weights``: worker ``i`` gets ``weights[i] / sum(weights)`` of the hash space.
+        Equal weights give ``even`` exactly.
+
+        Why weights: a worker whose node also runs a front, the acker or a
+        barrier has less of its core for the graph, and under load that node
+        fell behind first (see ``SHARED_NODE_WEIGHT`` in ``flamestream.roles``).
+        """
+        _check(weights)
+        if len(set(weights)) <= 1:
+            return cls.even(len(weights))
+        space, total = INT32_MAX - INT32_MIN + 1, sum(weights)
+        starts = [INT32_MIN]
+        for below in accumulate(weights[:-1]):
+            starts.append(INT32_MIN + int(space * below / total))
+        return cls(tuple(starts))
+
+    @classmethod
+    def balanced(cls, loads: list[int], workers: int, weights: Sequence[float] | None = None) -> Layout:
         """Ranges giving each worker an equal share of the measured ``loads`` (items per hash bucket, the int32
         space cut into ``len(loads)`` equal buckets), cut at the bucket borders closest to each equal share;
-        the even layout when nothing was measured.
+        the even layout when nothing was measured.  With ``weights`` (one per worker) the shares are in their
+        proportion instead of equal, and without measured loads the layout is ``weighted``.
 
         Why load and not hash space: with skewed keys (a few hot words) an even
         cut leaves one worker with most of the work.
         """
+        if weights is not None and len(weights) != workers:
+            raise ValueError(f"{len(weights)} weights for {workers} workers")
         total = sum(loads)
         if workers < 1 or total == 0 or workers > len(loads):
-            return cls.even(workers)
+            return cls.even(workers) if weights is None or workers < 1 else cls.weighted(weights)
+        if weights is not None:
+            _check(weights)
+        shares = [1.0] * workers if weights is None else list(weights)
+        below = [0.0, *accumulate(shares)]
         width = (INT32_MAX - INT32_MIN + 1) // len(loads)
         before = [0, *accumulate(loads)]
         """before[b]: the load below border b (the start of bucket b)."""
         borders = [0]
         for k in range(1, workers):
-            target = total * k / workers
+            target = total * below[k] / below[-1]
             b = bisect_left(before, target)
             if b > 0 and target - before[b - 1] < before[b] - target:
                 b -= 1
