@@ -258,7 +258,7 @@ def _weights(workers: dict[str, dict[str, Any]], count: int) -> list[float]:
     weights = [1.0] * count
     for name, info in workers.items():
         index = int(_field(WORKER, name, info, "index"))
-        if index < count:
+        if 0 <= index < count:
             weight = info.get("weight", 1.0)
             fault = weight_fault(weight)
             if fault is not None:

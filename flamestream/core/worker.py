@@ -246,8 +246,8 @@ class Worker:
         got its half only after the owner had worked through its own, and the
         two halves ran one after the other.  Handed over at once they run side
         by side (p50 at 20 pages/s 12.6-13.6 -> 11.4-12.1 ms).  Smaller
-        fan-outs (word count's ten-word lines) wait for ``flush`` as before:
-        a message per line would cost more than it saves.
+        fan-outs (a few items per input) wait for ``flush`` as before: a
+        message per input would cost more than it saves.
         """
         plan = self.plan
         kinds, routes, names, balances = plan.kinds, plan.routes, plan.names, plan.balances
