@@ -66,12 +66,17 @@ of the hash space against half: p50 21-27 against 24-29 ms (median 23.1 against 
 (median 191 against 280); at 40 pages/s and below it made no difference."""
 
 
-def _weight(text: str) -> float:
-    """An argparse type for ``--worker-weight`` (``tick.weight_fault``)."""
+def _number(text: str) -> float:
+    """``text`` as a float, or the argparse error that it is not a number."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _weight(text: str) -> float:
+    """An argparse type for ``--worker-weight`` (``tick.weight_fault``)."""
+    value = _number(text)
     fault = weight_fault(value)
     if fault is not None:
         raise argparse.ArgumentTypeError(fault)
@@ -87,10 +92,7 @@ def worker_weight(args: argparse.Namespace) -> float:
 
 def _share(text: str) -> float:
     """An argparse type for a share of the CPU: a number above 0, at most 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"a share must be above 0 and at most 1, got {text}")
     return value

@@ -80,13 +80,13 @@ class Layout:
         Why load and not hash space: with skewed keys (a few hot words) an even
         cut leaves one worker with most of the work.
         """
-        if weights is not None and len(weights) != workers:
-            raise ValueError(f"{len(weights)} weights for {workers} workers")
+        if weights is not None:
+            if len(weights) != workers:
+                raise ValueError(f"{len(weights)} weights for {workers} workers")
+            _check(weights)
         total = sum(loads)
         if workers < 1 or total == 0 or workers > len(loads):
-            return cls.even(workers) if weights is None or workers < 1 else cls.weighted(weights)
-        if weights is not None:
-            _check(weights)
+            return cls.even(workers) if weights is None else cls.weighted(weights)
         shares = [1.0] * workers if weights is None else list(weights)
         below = [0.0, *accumulate(shares)]
         width = (INT32_MAX - INT32_MIN + 1) // len(loads)
