@@ -109,8 +109,7 @@ def _joined(pieces: list[bytes], mine: list[Any], kept: list[bool], bounds: list
         if kept[i]:
             start, end = bounds[3 * i + 1], bounds[3 * i + 2]
             if start != run_end:
-                if run_start >= 0:
-                    chunks.append(view[run_start:run_end])
+                _copy(chunks, view, run_start, run_end)
                 run_start = start
             run_end = end
             length = end - start
@@ -119,21 +118,24 @@ def _joined(pieces: list[bytes], mine: list[Any], kept: list[bool], bounds: list
             code = codes[id(part)]
             if code is None:
                 return None
-            if run_start >= 0:
-                chunks.append(view[run_start:run_end])
-                run_start = run_end = -1
+            _copy(chunks, view, run_start, run_end)
+            run_start = run_end = -1
             chunks.append(code)
             length = len(code)
         recorded += (size, at, at + length)
         piece = pieces[i + 1]
         if piece:
-            if run_start >= 0:
-                chunks.append(view[run_start:run_end])
-                run_start = run_end = -1
+            _copy(chunks, view, run_start, run_end)
+            run_start = run_end = -1
             chunks.append(piece)
         at += length + len(piece)
-    if run_start >= 0:
-        chunks.append(view[run_start:run_end])
+    _copy(chunks, view, run_start, run_end)
     chunks.append(pickle.STOP)
     frame = (at + 1 - _BODY_START).to_bytes(8, "little")
     return b"".join([values.HEADER, pickle.FRAME, frame, *chunks]), (mine, recorded), copied
+
+
+def _copy(chunks: list[bytes | memoryview], view: memoryview, start: int, end: int) -> None:
+    """Append the slice ``start .. end`` of ``view`` that ``_joined`` was copying, if one was (``start`` >= 0)."""
+    if start >= 0:
+        chunks.append(view[start:end])

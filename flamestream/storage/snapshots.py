@@ -183,8 +183,9 @@ class SnapshotImage:
             large: list[tuple[tuple[int, Hashable, Entries], FrozenBucket]] = []
             for bucket in buckets:
                 old = image.get(bucket[1])
+                self._drop(old)  # its items leave the count here; ``_put`` counts the new encoding's
                 if not bucket[2]:
-                    self._drop(image.pop(bucket[1], None))
+                    image.pop(bucket[1], None)
                 elif old is not None and len(old.body) >= SPLICE_ABOVE:
                     large.append((bucket, old))
                 else:
@@ -214,12 +215,13 @@ class SnapshotImage:
     def adopt(self, name: str, bucket: FrozenBucket) -> None:
         """Hold ``bucket`` as it was read from a snapshot: a worker that took it over lazily writes it unchanged
         until it changes, instead of encoding again what it just read (2 s for 89 MB of inverted index)."""
-        self._put(self._groupings.setdefault(name, {}), bucket)
+        image = self._groupings.setdefault(name, {})
+        self._drop(image.get(bucket.row[1]))
+        self._put(image, bucket)
 
     def _put(self, image: dict[Hashable, FrozenBucket], bucket: FrozenBucket) -> None:
-        key = bucket.row[1]
-        self._drop(image.get(key))
-        image[key] = bucket
+        """Hold ``bucket`` for its key; the caller has taken the items of what it replaces out of the count."""
+        image[bucket.row[1]] = bucket
         self._items += bucket.row[2]
 
     def _drop(self, bucket: FrozenBucket | None) -> None:
