@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from kazoo.exceptions import KazooException, NoAuthError  # type: ignore[import-untyped]
 
 from flamestream.cluster import ACKER, BARRIER, FRONT, WORKER, ClusterStore, LeaseMoved
@@ -195,6 +196,29 @@ def _record(partition: int, offset: int, time: GlobalTime, payload: Any, group: 
     record = _new_record(Record)
     record.__dict__.update(partition=partition, offset=offset, time=time, payload=payload, group=group)
     return record
+
+
+def _read_records(data: bytes, partition: int, group: str, records: list[Record]) -> None:
+    """Append the records of the ``RecordBatch`` in ``data`` to ``records`` (so that those before a payload that does
+    not decode are kept); ``ClientError`` for bytes that are no ``RecordBatch``.
+
+    Why one ``GlobalTime`` for a run of records with the same time: the
+    records of one input share it (a page's changelog, a line's counts), and
+    making it again for each, from a ``time`` message that protobuf made twice
+    (once per field read), was a fifth of what the SDK spent a record of the
+    inverted index (3.0 -> 2.4 us a record).
+    """
+    try:
+        batch = pb.RecordBatch.FromString(data)
+    except DecodeError as exc:
+        raise ClientError(f"partition {partition}: the barrier sent a malformed record batch ({exc})") from None
+    when = GlobalTime(0, 0)  # a first record at this time gets this one, equal
+    for message in batch.records:
+        stamp = message.time
+        ts, front = stamp.ts, stamp.front
+        if ts != when.ts or front != when.front:
+            when = GlobalTime(ts, front)
+        records.append(_record(message.partition, message.offset, when, decode_payload(message.payload), group))
 
 
 @dataclass(frozen=True)
@@ -918,16 +942,15 @@ class AsyncClient:
         backoff = _Backoff(self.backoff, self.retries)
         while True:
             try:
-                call = self._channel(await self._barrier_of(partition)).unary_stream(
-                    _method("Barrier", "Subscribe"), request_serializer=pb.SubscribeRequest.SerializeToString,
-                    response_deserializer=pb.RecordBatch.FromString)
+                # Batches arrive as bytes, parsed in ``_read_records``: gRPC's own parsing of a malformed one only
+                # logged it and yielded None, and the consumer waited for records that never came.
+                call: grpc.aio.UnaryStreamMultiCallable[pb.SubscribeRequest, bytes] = self._channel(
+                    await self._barrier_of(partition)).unary_stream(
+                    _method("Barrier", "Subscribe"), request_serializer=pb.SubscribeRequest.SerializeToString)
                 async for batch in call(pb.SubscribeRequest(partition=partition, from_offset=offset)):
                     records: list[Record] = []
                     try:
-                        for message in batch.records:
-                            records.append(_record(message.partition, message.offset,
-                                                   GlobalTime(message.time.ts, message.time.front),
-                                                   decode_payload(message.payload), group))
+                        _read_records(batch, partition, group, records)
                     finally:  # what decoded before a bad payload is still delivered, in order
                         if records:
                             offset = records[-1].offset + 1
