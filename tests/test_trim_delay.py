@@ -27,10 +27,11 @@ DELAY = 0.2
 def test_a_min_time_after_a_quiet_spell_waits_and_a_run_of_them_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker_service, "TRIM_DELAY", DELAY)
 
-    async def scenario() -> tuple[dict[int, float], dict[int, float]]:
+    async def scenario() -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
         loop = asyncio.get_running_loop()
         sent: dict[int, float] = {}
         acted: dict[int, float] = {}
+        finished: dict[int, float] = {}
 
         async def watch(request: pb.Empty, context: Any) -> AsyncIterator[pb.GlobalTime]:
             for ts in range(1, 7):
@@ -41,16 +42,20 @@ def test_a_min_time_after_a_quiet_spell_waits_and_a_run_of_them_does_not(monkeyp
 
         async def on_min_time(min_time: GlobalTime) -> None:
             acted[min_time.ts] = loop.time()
+            if min_time.ts == 4:
+                await asyncio.sleep(2 * DELAY)  # a long trim: the min time queued behind it must not wait
+                finished[4] = loop.time()
 
         local = LocalEndpoints(HERE)
         local.min_time = watch
         worker = worker_service.WorkerService(0, local)
         monkeypatch.setattr(worker, "_on_min_time", on_min_time)
         await worker._watch_min_time(HERE)
-        return sent, acted
+        return sent, acted, finished
 
-    sent, acted = asyncio.run(scenario())
+    sent, acted, finished = asyncio.run(scenario())
     assert sorted(acted) == [1, 2, 3, 4, 5, 6]
     assert acted[1] - sent[1] >= DELAY  # the first min time waits
     assert acted[2] - sent[2] >= DELAY  # and so does the first after a quiet spell
-    assert acted[6] - acted[2] < DELAY  # the rest of the run, right behind it, does not
+    assert acted[4] - acted[2] < DELAY  # the rest of the run, right behind it, does not
+    assert acted[6] - finished[4] < DELAY  # nor what queued up behind a long trim

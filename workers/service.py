@@ -521,8 +521,8 @@ class WorkerService(rpc.WorkerServicer):
                 self.log.info("min times from the acker at %s: the first is %d.%d", acker, mt.ts, mt.front)
             if loop.time() - acted >= TRIM_DELAY:
                 await asyncio.sleep(TRIM_DELAY)  # after a quiet spell: the releases of this min time go first
-            acted = loop.time()
             await self._on_min_time(GlobalTime(mt.ts, mt.front))
+            acted = loop.time()  # the spell is quiet from here: a min time that came meanwhile is acted on at once
 
     async def _on_min_time(self, min_time: GlobalTime) -> None:
         previous, current, end = self.previous, self.current, self.handover_at
