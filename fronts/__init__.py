@@ -9,19 +9,21 @@ has.  Clients call ``Front.Push``; for each batch of events the front
 2. stamps every new event with a global time ``(ms, F)`` and the initial trace
    ``(seq,)`` (``flamestream.core.front.FrontClock``), at most ``CHUNK_BYTES``
    of events to a millisecond (a larger push spans the next ones);
-3. sends the XOR of the send acks of all the batches it is about to emit to the
-   acker, *before* anything else: a report promising a later time must never
-   reach the acker ahead of the acks it depends on;
-4. appends one JSON record per event to its durable input log
-   ``DIR/input/front-<F>`` (fsynced: an acknowledged event survives a crash, and
-   Spark replay and recovery read it from there);
-5. sends each worker the envelopes whose entry hash it owns, on one long-lived
+3. writes one JSON record per event to its durable input log
+   ``DIR/input/front-<F>`` (an acknowledged event survives a crash, and Spark
+   replay and recovery read it from there);
+4. sends each worker the envelopes whose entry hash it owns, on one long-lived
    ``Worker.Exchange`` stream per worker (FIFO, so a worker sees this front's
    items in increasing meta order; in-process when the worker is on the same
-   node, gRPC otherwise);
+   node, gRPC otherwise), so the workers start while
+5. the log is fsynced, and only then sends the acker the XOR of the send acks
+   of all those batches with a report past the push's stamps: the acker cannot
+   declare a time done before it has its send acks, nor before the front
+   promised nothing older will come, so nothing of a push completes (and no
+   output of it is released) before the push is durable;
 6. replies with the global time of every event.
 
-Steps 3 and 5 wait while the sends still in flight (not yet passed by the
+Steps 4 and 5 wait while the sends still in flight (not yet passed by the
 acker's min time) reach ``SEND_WINDOW_BYTES``, and for a push above
 ``CHUNK_BYTES``: the events are logged and acknowledged, and a pacer sends them
 in chunks of whole milliseconds as the min time moves, each followed by a

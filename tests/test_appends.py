@@ -101,3 +101,33 @@ def test_a_large_append_goes_to_a_thread_and_errors_propagate_from_either_place(
         assert on_loop(disk) == [False, True, False]
 
     asyncio.run(scenario())
+
+
+def test_a_write_is_untimed_and_its_publication_timed_like_an_append(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front's two steps (``SegmentedLog.write_many``, then ``publish``): a slow write alone says nothing about
+    the disk, a slow publication (the fsync) sends what follows to a thread like a slow append; both go where an
+    append of their records would."""
+    disk = Disk(monkeypatch)
+    runner = Appends(logging.getLogger("test"), "the test log")
+
+    def publish() -> int:
+        return disk.append([])
+
+    async def scenario() -> None:
+        disk.delay = INLINE_LIMIT * 20
+        assert await runner.write(disk.append, [b"x", b"y"]) == 2
+        disk.delay = 0.0
+        await runner.write(disk.append, [b"x"])
+        assert on_loop(disk) == [True, True], "the slow write did not count"
+        disk.delay = INLINE_LIMIT * 20
+        assert await runner.publish(publish, [b"x"]) == 0
+        disk.delay = 0.0
+        await runner.write(disk.append, [b"x"])
+        await runner.publish(publish, [b"x"])
+        assert on_loop(disk)[2:] == [True, False, False], "the slow publication sent both steps to a thread"
+        disk.wait(RETRY_AFTER)
+        await runner.write(disk.append, [b"x" * (INLINE_BYTES + 1)])
+        await runner.publish(publish, [b"x" * (INLINE_BYTES + 1)])
+        assert on_loop(disk)[5:] == [False, False], "a large batch's steps go to a thread"
+
+    asyncio.run(scenario())

@@ -388,6 +388,62 @@ def test_failed_append_blocks_writes_until_reopen(tmp_path: Path, monkeypatch: p
         assert log.append(b"later") == 2
 
 
+def test_written_records_count_and_show_only_once_published(tmp_path: Path) -> None:
+    """``write_many`` then ``publish`` is ``append_many`` in two steps (a front sends between them): what is written
+    is in no one's ``end_offset`` or reads until published, and a second write must wait for the publication."""
+    data = records(25)
+    with SegmentedLog(tmp_path, segment_bytes=64) as writer:
+        reader = SegmentedLog(tmp_path, segment_bytes=64, readonly=True)
+        assert writer.write_many(data[:3]) == 0
+        assert writer.end_offset == reader.end_offset == 0
+        assert writer.read(0) == [] and reader.read(0) == []
+        with pytest.raises(LogError, match="not published yet"):
+            writer.write_many(data[3:4])
+        writer.publish()
+        assert writer.end_offset == reader.end_offset == 3
+        assert read_all(reader) == data[:3]
+        writer.publish()  # nothing written since: nothing changes
+        assert writer.end_offset == 3
+        assert writer.write_many(data[3:]) == 3  # across segment rolls: each sealed segment is published on the way
+        sealed = reader.end_offset
+        assert 3 < sealed < 25
+        assert read_all(reader) == data[:sealed]
+        writer.publish()
+        assert read_all(reader) == data
+        reader.close()
+
+
+def test_written_records_survive_a_close_without_publication(tmp_path: Path) -> None:
+    """A process that dies between the write and its fsync leaves the records to the operating system: opening the
+    log again keeps them (they are intact), as it keeps a failed append's."""
+    with SegmentedLog(tmp_path) as log:
+        log.append(b"published")
+        log.write_many([b"written", b"too"])
+    with SegmentedLog(tmp_path) as log:
+        assert read_all(log) == [b"published", b"written", b"too"]
+
+
+def test_a_failed_publication_fails_the_log_until_reopened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = SegmentedLog(tmp_path)
+    log.write_many([b"unsure"])
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "simulated EIO")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", failing_fsync)
+        with pytest.raises(OSError, match="simulated EIO"):
+            log.publish()
+    with pytest.raises(LogError, match="earlier append failed"):
+        log.write_many([b"later"])
+    with pytest.raises(LogError, match="earlier append failed"):
+        log.publish()
+    assert log.end_offset == 0
+    log.close()
+    with SegmentedLog(tmp_path) as log:
+        assert read_all(log) == [b"unsure"]
+
+
 def test_closed_log_rejects_use(tmp_path: Path) -> None:
     log = SegmentedLog(tmp_path)
     log.close()

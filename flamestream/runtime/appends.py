@@ -25,6 +25,7 @@ Appends of more than ``INLINE_BYTES`` always go to a thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -56,9 +57,22 @@ class Appends:
 
     async def run(self, append: Callable[[Sequence[bytes]], R], records: Sequence[bytes]) -> R:
         """``append(records)``, on the loop or in a thread; its exceptions propagate either way."""
-        if self.on_loop(records):
-            return self.run_on_loop(append, records)
-        return await asyncio.to_thread(append, records)
+        return await self._call(functools.partial(append, records), records, timed=True)
+
+    async def write(self, write: Callable[[Sequence[bytes]], R], records: Sequence[bytes]) -> R:
+        """``write(records)`` where ``run`` would run their append, but untimed: a write without its fsync says
+        nothing about the disk's speed (``publish`` times the fsync that follows)."""
+        return await self._call(functools.partial(write, records), records, timed=False)
+
+    async def publish(self, publish: Callable[[], R], records: Sequence[bytes]) -> R:
+        """``publish()``, the fsync of the ``records`` that ``write`` wrote, where and timed as ``run`` would run
+        their append (the front's input log: ``SegmentedLog.write_many``, then ``publish``)."""
+        return await self._call(publish, records, timed=True)
+
+    async def _call(self, call: Callable[[], R], records: Sequence[bytes], *, timed: bool) -> R:
+        if not self.on_loop(records):
+            return await asyncio.to_thread(call)
+        return self._run_timed(call) if timed else call()
 
     def on_loop(self, records: Sequence[bytes]) -> bool:
         """Whether an append of ``records`` now belongs on the loop."""
@@ -67,10 +81,13 @@ class Appends:
 
     def run_on_loop(self, append: Callable[[Sequence[bytes]], R], records: Sequence[bytes]) -> R:
         """``append(records)`` on the loop, timed (where ``on_loop`` said so)."""
+        return self._run_timed(functools.partial(append, records))
+
+    def _run_timed(self, call: Callable[[], R]) -> R:
         start = time.monotonic()
         probe = self._threaded_until is not None
         try:
-            return append(records)
+            return call()
         finally:
             self._timed(time.monotonic() - start, probe=probe)
 
