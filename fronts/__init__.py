@@ -20,7 +20,9 @@ has.  Clients call ``Front.Push``; for each batch of events the front
    of all those batches with a report past the push's stamps: the acker cannot
    declare a time done before it has its send acks, nor before the front
    promised nothing older will come, so nothing of a push completes (and no
-   output of it is released) before the push is durable;
+   output of it is released) before the push is durable.  A failure between
+   steps 3 and 5 stops the front with its reports held below the push
+   (``FrontService._unacked``); the recovery replays what the log holds;
 6. replies with the global time of every event.
 
 Steps 4 and 5 wait while the sends still in flight (not yet passed by the

@@ -300,6 +300,12 @@ class FrontService(rpc.FrontServicer):
         self._supervisor: Supervisor | None = None
         self._report_owed = False
         """A report was held back at the persisted promise (the promise file could not be written)."""
+        self._unacked: int | None = None
+        """The first stamp of a push whose events may be at the workers while their send acks are not at the acker
+        (``_admit``): no report promises past it, and no checkpoint is taken.  A failure between the log's write and
+        the acker message (a failed fsync, a log that cannot be reopened, the acker's stream, anything unexpected)
+        leaves it set and stops the front (``_admit``), so the min time cannot pass events that may not be durable, or
+        whose acks the acker never got, while the node stops; the recovery replays them from the log."""
         self._reportable = asyncio.Event()
         """Set when a report may be due again (an event stamped, a tick taken, a report held back): what an idle
         lone front's report loop waits for instead of its interval."""
@@ -794,15 +800,9 @@ class FrontService(rpc.FrontServicer):
         """Log, send and ack ``fresh``; while sends are paced, log it and leave the sending to the pacer.
 
         Unpaced, the workers get the events between their log write and its
-        fsync (``SegmentedLog.write_many``, ``publish``), so they start while
-        the disk syncs: the fsync was 0.3-0.5 ms of a word count line's 4-5 ms
-        (p50 4.6-4.9 -> 4.2 ms at 1,000 lines/s, in turns).  Nothing of the
-        events completes before they are durable: the acker hears of them,
-        with the report past them, only afterwards, and the lock this runs
-        under keeps the reports' loop from promising past them meanwhile (the
-        workers' acks alone never add up to a completed time).  A full disk
-        fails the write, before anything was sent (``_salvage``); a failed
-        fsync stops the front, and the recovery replays what its log holds.
+        fsync (``_send_durably``), so they start while the disk syncs: the
+        fsync was 0.3-0.5 ms of a word count line's 4-5 ms (p50 4.70 -> 4.13
+        ms at 1,000 lines/s, in turns).
         """
         # (ts, front, seq) reproduce the item's global time and initial trace (seq,) for replay and recovery.
         records = [encode_record(event.gt, event.trace[0], event.payload, event.producer, event.sequence)
@@ -811,34 +811,63 @@ class FrontService(rpc.FrontServicer):
         if self.pace_pushes and route.deferred is None and (size > CHUNK_BYTES or not self._window_open(route)):
             self._pace(route, fresh[0].gt.ts)
         first = self._log.end_offset
-        paced = route.deferred is not None
-        sends, acks = ([], {}) if paced else self._batches(route, fresh)
+        if route.deferred is None:
+            self._unacked = fresh[0].gt.ts
+            try:
+                await self._send_durably(route, fresh, records, first, size)
+            finally:
+                if self._unacked is not None:
+                    self._fail("a push failed between its input-log write and its acks; the recovery replays what "
+                               "the log holds")
+            return
         try:
-            if paced:
-                await self._appends.run(self._log.append_many, records)
-            else:
-                await self._appends.write(self._log.write_many, records)
+            await self._appends.run(self._log.append_many, records)
         except (OSError, LogError) as exc:
             await self._salvage(route, fresh, first, exc, size)
             return
-        if paced:
-            self._commit(fresh)
-            self._take_credit(fresh)
-            await self._send_or_defer(route, fresh, sends, size)
+        self._commit(fresh)
+        self._take_credit(fresh)
+        await self._send_or_defer(route, fresh, [], size)
+
+    async def _send_durably(self, route: _Route, fresh: list[_Fresh], records: list[bytes], first: int,
+                            size: int) -> None:
+        """Write ``records`` to the log, send ``fresh`` to the workers, fsync, then the acks and the report past
+        them; ``_unacked`` (set by the caller) is cleared once they are at the acker.
+
+        Nothing of the events completes before they are durable: the acker
+        hears of them only after the fsync, and nothing promises past them
+        meanwhile (the lock, and ``_unacked`` for ``_report``); the workers'
+        acks alone never add up to a completed time.  A full disk fails the
+        write, before anything was sent (``_salvage``).  Any failure after the
+        write that leaves them unacked (the fsync, the acker's stream, the
+        unexpected) stops the front with the hold in place (``_admit``): the
+        recovery replays what the log holds.
+        """
+        sends, acks = self._batches(route, fresh)
+        try:
+            await self._appends.write(self._log.write_many, records)
+        except (OSError, LogError) as exc:
+            await self._salvage(route, fresh, first, exc, size)
             return
         await self._to_workers(route, sends)
         try:
             await self._appends.publish(self._log.publish, records)
         except (OSError, LogError) as exc:
-            self.failure = f"input log failed to sync ({exc}); its events reached the workers, the recovery " \
-                           "replays what the log holds"
-            self.failed.set()
+            self._fail(f"input log failed to sync ({exc}); its events reached the workers, the recovery replays "
+                       "what the log holds")
             raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"front is stopping: {self.failure}") from None
         self._commit(fresh)  # durable, so admitted, whatever happens to their acks
         self._take_credit(fresh)
-        with contextlib.suppress(_Rejected):  # the acker's stream broke (``_break``): the recovery replays the log
-            await self._to_acker(route, acks, self._report_with_acks(route))
         self._sent(route, fresh[-1].gt, size)
+        with contextlib.suppress(_Rejected):  # the acker's stream broke (``_break``): the push stands, the hold too
+            await self._to_acker(route, acks, self._report_with_acks(route))
+            self._unacked = None
+
+    def _fail(self, reason: str) -> None:
+        """Stop the front (``FrontRole._watch_log``) for ``reason``, the first one given."""
+        if not self.failed.is_set():
+            self.failure = reason
+            self.failed.set()
 
     def _pace(self, route: _Route, floor: int) -> None:
         """From the push stamped ``floor`` on, hand the sending to a pacer (``_paced``) until it caught up."""
@@ -871,8 +900,7 @@ class FrontService(rpc.FrontServicer):
             kept = await asyncio.to_thread(self._reopen_log, first)
         except (OSError, LogError) as reopen_exc:
             # Nothing of the batch was sent, acked or promised past: the recovery replays what the log holds.
-            self.failure = f"input log failed ({exc}) and cannot be reopened ({reopen_exc})"
-            self.failed.set()
+            self._fail(f"input log failed ({exc}) and cannot be reopened ({reopen_exc})")
             raise _Rejected(grpc.StatusCode.UNAVAILABLE, f"front is stopping: {self.failure}") from None
         survivors = fresh[:kept]
         self._commit(survivors)  # in the log, so admitted, whatever happens to their delivery
@@ -881,6 +909,7 @@ class FrontService(rpc.FrontServicer):
         if route.deferred is None:  # else the survivors wait for the catching up like any paced push
             sends, acks = self._batches(route, survivors)
             await self._to_acker(route, acks)
+            self._unacked = None  # what was written and not kept was neither sent nor acked
         await self._send_or_defer(route, survivors, sends, size * len(survivors) // max(len(fresh), 1))
         if kept < len(fresh):
             full = disk_full(exc)
@@ -970,7 +999,7 @@ class FrontService(rpc.FrontServicer):
             await asyncio.sleep(CHECKPOINT_EVERY)
             async with self._lock:
                 offset = self._log.end_offset
-                if offset == written:
+                if offset == written or self._unacked is not None:  # the latter: a push failed half way
                     continue
                 state = Truncation(start=offset, last_ts=self._logged_ts, producers=self._producers.lasts())
             try:
@@ -1056,6 +1085,8 @@ class FrontService(rpc.FrontServicer):
         for r in (route, self._route, self._behind):
             if r is not None and r.floor is not None:  # the acker's table spans ticks: every route's floor holds
                 ts = min(ts, r.floor)
+        if self._unacked is not None:  # held since a push failed between its log write and its acks
+            ts = min(ts, self._unacked)
         if route is not self._route and self._route is not None:
             # A route the stamps left (catching up after a hand-over) promises up to the switch only: on its own
             # stream, a promise past it could overtake the acks the current tick sends on another.
