@@ -45,14 +45,19 @@ class StateError(Exception):
 
 
 class Bucket:
-    """Items of one key in meta order, with the tuple last emitted for each."""
+    """Items of one key in meta order, with the mark of the window last emitted at each."""
 
     __slots__ = ("changed", "deadline", "emitted", "metas", "payloads", "pending")
 
     def __init__(self) -> None:
         self.metas: list[MetaKey] = []
         self.payloads: list[Any] = []
-        self.emitted: list[tuple[Trace, tuple[Any, ...]] | None] = []
+        self.emitted: list[int] = []
+        """The trace mark of the window last emitted at each entry (0: none, as for a restored entry).  Only the
+        mark: a retraction rebuilds the window it cancels (``_emit``).  Why: what a bucket holds lives until the
+        min time passes, long after the emitted item went downstream, and freeing cold objects there was most
+        of trimming (a third of a worker's time in word count's closed loop); the window, its item and its trace
+        were three tuples a young collection walked meanwhile, where a mark is one int it does not."""
         self.pending: set[MetaKey] | None = None
         """Tombstones that overtook their item (only on non-FIFO paths)."""
         self.deadline: GlobalTime | None = None
@@ -116,10 +121,10 @@ class Grouping:
         metas.insert(pos, meta)
         self.held += 1
         bucket.payloads.insert(pos, payload)
-        bucket.emitted.insert(pos, None)
+        bucket.emitted.insert(pos, 0)
         if n + 1 >= self.window and pos < self.window:
             self._note_deadline(key, bucket)
-        return self._emit(bucket, pos, pos + self.window)
+        return self._emit(bucket, pos, pos + self.window, pos, None)
 
     def _bucket(self, key: Hashable) -> Bucket:
         """The bucket of a key not in ``buckets``: a restored one decoded now, or a new empty one."""
@@ -139,7 +144,7 @@ class Grouping:
     def _fill(self, bucket: Bucket, entries: Entries) -> None:
         bucket.metas = [meta for meta, _ in entries]
         bucket.payloads = [payload for _, payload in entries]
-        bucket.emitted = [None] * len(entries)
+        bucket.emitted = [0] * len(entries)
         self.held += len(entries)
 
     def _note_deadline(self, key: Hashable, bucket: Bucket) -> None:
@@ -163,30 +168,49 @@ class Grouping:
             self._pending_keys.add(key)
             return []
         out: list[Item] = []
+        payloads = bucket.payloads
+        removed = [payloads[pos]]
         gone = bucket.emitted[pos]
-        if gone is not None:
-            out.append((gone[1], meta[0], gone[0], True))
-        del metas[pos], bucket.payloads[pos], bucket.emitted[pos]
+        if gone:
+            window = tuple(payloads[max(0, pos - self.window + 1):pos] + removed)
+            out.append((window, meta[0], meta[1] + (gone,), True))
+        del metas[pos], payloads[pos], bucket.emitted[pos]
         self.held -= 1
-        out.extend(self._emit(bucket, pos, pos + self.window - 1))
+        out.extend(self._emit(bucket, pos, pos + self.window - 1, pos, removed))
         return out
 
-    def _emit(self, bucket: Bucket, start: int, stop: int) -> list[Item]:
-        """(Re-)emit the windows ending at positions ``start .. stop-1``."""
+    def _emit(self, bucket: Bucket, start: int, stop: int, changed: int, removed: list[Any] | None) -> list[Item]:
+        """(Re-)emit the windows ending at positions ``start .. stop-1``, retracting what each emitted before,
+        after the entry at ``changed`` was inserted (``removed`` None) or removed (``[its payload]``).
+
+        A retraction's window is rebuilt from the entries: the one emitted
+        at ``j`` before was the ``window`` entries ending at it then, and
+        every change re-emits at once every window it alters, so those are
+        today's minus the entry inserted at ``changed`` (``changed < j``), or
+        with the removed one back at ``changed`` (``changed <= j``).  Trimming
+        keeps every entry such a window reaches (``_trim_bucket``).
+        """
         metas, payloads, emitted = bucket.metas, bucket.payloads, bucket.emitted
         w = self.window
         out: list[Item] = []
         for j in range(start, min(stop, len(metas))):
             gt, trace = metas[j]
             old = emitted[j]
-            if old is not None:
-                out.append((old[1], gt, old[0], True))
+            if old:
+                if removed is None:
+                    before = payloads[max(0, j - w):changed] + payloads[changed + 1:j + 1]
+                else:
+                    before = payloads[max(0, j + 2 - w):changed] + removed + payloads[changed:j + 1]
+                out.append((tuple(before), gt, trace + (old,), True))
                 self.replays += 1
             self.clock += 1
-            new_trace = trace + (self.clock << CHILD_BITS,)
-            window = tuple(payloads[j - w + 1 if j >= w else 0 : j + 1])
-            emitted[j] = (new_trace, window)
-            out.append((window, gt, new_trace, False))
+            mark: Any = self.clock << CHILD_BITS  # boxed once: the same int in the trace and in ``emitted``
+            if w == 2:  # a reduce's window (the usual grouping): one tuple, not a list slice made into one
+                window: tuple[Any, ...] = (payloads[j - 1], payloads[j]) if j else (payloads[0],)
+            else:
+                window = tuple(payloads[j - w + 1 if j >= w else 0 : j + 1])
+            emitted[j] = mark
+            out.append((window, gt, trace + (mark,), False))
         return out
 
     def snapshot(self, below: GlobalTime) -> list[tuple[Hashable, Entries]]:
@@ -308,29 +332,21 @@ class Grouping:
         """Drop what bucket ``key`` no longer needs, if ``deadline`` is still its own (not superseded by an
         earlier one handled already).
 
-        That includes the windows emitted at the items it keeps below the min
-        time: an item can only arrive at or after the min time, so it sorts
-        after them, and the windows ending at them are never replaced again
-        (a restored bucket holds none either).  Kept, each held the payloads
-        before it — a reduce's previous accumulator, a whole posting list on
-        the inverted index — and two more tuples per key that every young
-        collection of the cyclic collector walked: without them the index's
-        collections took a third less time (0.73 s against 1.13 s over 3,000
-        pages in one worker core; the longest 70 ms against 115 ms).
+        The items it keeps below the min time keep their marks: an item can
+        only arrive at or after the min time, so it sorts after them, and the
+        windows ending at them are never replaced again.  (Until the marks,
+        the windows kept there held the payloads before them — a reduce's
+        previous accumulator, a whole posting list on the inverted index —
+        and were cleared here.)
         """
         bucket = self.buckets.get(key)
         if bucket is None or bucket.deadline != deadline:
             return
         keep = self.window - 1
-        below = bisect_left(bucket.metas, (min_time,))
-        drop = below - keep
+        drop = bisect_left(bucket.metas, (min_time,)) - keep
         if drop > 0:
             del bucket.metas[:drop], bucket.payloads[:drop], bucket.emitted[:drop]
             self.held -= drop
-            below = keep
-        emitted = bucket.emitted
-        for j in range(below):
-            emitted[j] = None
         bucket.deadline = None
         if len(bucket.metas) > keep:
             self._note_deadline(key, bucket)

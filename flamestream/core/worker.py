@@ -215,6 +215,10 @@ class Worker:
                           for kind, dst in zip(plan.kinds, self._first, strict=True)]
         """Per map whose outputs go into merges: output ``i``'s trace marks, its own and the merges' (for the
         usual few outputs), so each output is built once, where the merges are passed (``_past_merges``)."""
+        self._fanouts = [[(_child(i) + self._marks[dst], self._targets[dst]) for i, dst in enumerate(routes)]
+                         if kind == BROADCAST else [] for kind, routes in zip(plan.kinds, plan.routes, strict=True)]
+        """Per broadcast: each copy's trace marks and where it goes, past the merges it feeds (a reduce's cycle
+        takes one), so each copy is built once (as ``_suffixes`` for maps)."""
         self.groupings: dict[int, Grouping] = {
             i: Grouping(plan.windows[i]) for i, kind in enumerate(plan.kinds) if kind == GROUPING
         }
@@ -250,9 +254,9 @@ class Worker:
         message per input would cost more than it saves.
         """
         plan = self.plan
-        kinds, routes, names, balances = plan.kinds, plan.routes, plan.names, plan.balances
+        kinds, names, balances = plan.kinds, plan.names, plan.balances
         equivalences, first, modes = plan.equivalences, self._first, self._modes
-        groupings, entry, shared = self.groupings, plan.entry, self._shared
+        groupings, entry, shared, fanouts = self.groupings, plan.entry, self._shared, self._fanouts
         remote: dict[int, list[Envelope]] = {}
         barrier: list[Item] = []
         sent = 0
@@ -307,9 +311,9 @@ class Worker:
                     continue
                 local: list[Envelope] = []
                 if outs is None:  # broadcast: a copy per output
-                    for i, dst in enumerate(routes[op]):
-                        sent += self._route(dst, [(payload, gt, trace + _child(i), tomb)], h, local, remote, barrier,
-                                            copy, emits, lo, hi)
+                    for marks, dst in fanouts[op]:
+                        sent += self._deliver(dst, [(payload, gt, trace + marks, tomb)], h, local, remote, barrier,
+                                              copy, emits, lo, hi)
                 elif outs:  # every other operation has one downstream operation
                     fanned = self._route(nxt, outs, h, local, remote, barrier, copy, emits, lo, hi)
                     sent += fanned
@@ -355,6 +359,12 @@ class Worker:
         if marks:  # into merges: past them at once (``_past_merges``)
             outs = [(p, gt, trace + marks, tomb) for p, gt, trace, tomb in outs]
             dst = self._targets[dst]
+        return self._deliver(dst, outs, h, local, remote, barrier, copy, emits, lo, hi)
+
+    def _deliver(self, dst: int, outs: list[Item], h: int | None, local: list[Envelope],
+                 remote: dict[int, list[Envelope]], barrier: list[Item], copy: bool, emits: bool, lo: int,
+                 hi: int) -> int:
+        """``_route`` to an operation that is no merge to pass (one past them already)."""
         mode = self._modes[dst]
         if mode == _LOCAL:
             carried = h if copy else None
