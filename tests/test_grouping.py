@@ -226,20 +226,19 @@ def test_trim_keeps_window_minus_one_below_min_time() -> None:
         g.accept("k", item(ts, ts))
     g.trim(GlobalTime(6, 0))
     bucket = g.buckets["k"]
-    assert [m[0].ts for m in bucket.metas] == [4, 5, 6, 7, 8, 9]
-    assert bucket.payloads == [4, 5, 6, 7, 8, 9]
+    assert [i[1].ts for i in bucket.items] == [4, 5, 6, 7, 8, 9]
+    assert [i[0] for i in bucket.items] == [4, 5, 6, 7, 8, 9]
     # An item at the min time still gets the right window and replays correctly.
     out = g.accept("k", item("x", 6, (1,)))
     assert out[0][0] == (5, 6, "x")
     g.trim(MAX_TIME)
-    assert g.buckets["k"].payloads == [8, 9]
+    assert [i[0] for i in g.buckets["k"].items] == [8, 9]
     assert g.accept("k", item(10, 10)) == [((8, 9, 10), GlobalTime(10, 0), (0, mark(14)), False)]
 
 
-def test_trim_forgets_the_windows_of_the_items_it_keeps_below_the_min_time() -> None:
-    """No item can arrive before one the min time has passed, so the windows emitted at the items a trim keeps are
-    never replaced again: the trim lets go of them, and of the payloads only they held (a reduce's previous
-    accumulator), as a restored bucket holds none."""
+def test_trim_frees_the_payloads_only_emitted_windows_held() -> None:
+    """A bucket keeps the marks of the windows it emitted, not the windows: a payload the trim drops (a reduce's
+    previous accumulator) is freed, although the window emitted at the item the trim keeps held it."""
 
     class Payload:  # a weak reference tells when it is freed
         pass
@@ -251,7 +250,7 @@ def test_trim_forgets_the_windows_of_the_items_it_keeps_below_the_min_time() -> 
     freed = weakref.ref(first)
     del first
     g.trim(GlobalTime(3, 0))
-    assert g.buckets["k"].payloads == [second]
+    assert [i[0] for i in g.buckets["k"].items] == [second]
     assert freed() is None
     assert g.accept("k", item("third", 3)) == [((second, "third"), GlobalTime(3, 0), (0, mark(3)), False)]
 
@@ -261,7 +260,7 @@ def test_trim_window_one_forgets_everything_below() -> None:
     for ts in range(5):
         g.accept(ts % 2, item(ts, ts))
     g.trim(GlobalTime(3, 0))
-    assert {k: b.payloads for k, b in g.buckets.items()} == {0: [4], 1: [3]}
+    assert {k: [i[0] for i in b.items] for k, b in g.buckets.items()} == {0: [4], 1: [3]}
     g.trim(MAX_TIME)
     assert g.held == 0
     assert g.buckets == {}
@@ -391,7 +390,7 @@ def test_trim_with_bounded_disorder_keeps_results(window: int, order: list[int],
         floor = min(still_to_come, default=20)
         g.trim(GlobalTime(max(0, floor - lag), 0))
         for b in g.buckets.values():
-            below = sum(1 for m in b.metas if m[0].ts < max(0, floor - lag))
+            below = sum(1 for i in b.items if i[1].ts < max(0, floor - lag))
             assert below <= window - 1
     assert survivors(live) == in_order(window, items)
 

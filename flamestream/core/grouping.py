@@ -29,7 +29,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from flamestream.core.item import Item
+from flamestream.core.item import Item, item_meta, item_time
 from flamestream.core.meta import CHILD_BITS, GlobalTime, Trace
 
 MetaKey = tuple[GlobalTime, Trace]
@@ -47,11 +47,13 @@ class StateError(Exception):
 class Bucket:
     """Items of one key in meta order, with the mark of the window last emitted at each."""
 
-    __slots__ = ("changed", "deadline", "emitted", "metas", "payloads", "pending")
+    __slots__ = ("changed", "deadline", "emitted", "items", "pending")
 
     def __init__(self) -> None:
-        self.metas: list[MetaKey] = []
-        self.payloads: list[Any] = []
+        self.items: list[Item] = []
+        """The items as they arrived (never tombstones), in meta order.  The items themselves, not a (meta,
+        payload) pair made of each: that was one more tuple per item, kept until trimming freed it cold, and one
+        more list to insert into."""
         self.emitted: list[int] = []
         """The trace mark of the window last emitted at each entry (0: none, as for a restored entry).  Only the
         mark: a retraction rebuilds the window it cancels (``_emit``).  Why: what a bucket holds lives until the
@@ -100,27 +102,27 @@ class Grouping:
         bucket = self.buckets.get(key)
         if bucket is None:
             bucket = self._bucket(key)
-        payload, gt, trace, tombstone = item
-        meta = (gt, trace)
+        _, gt, trace, tombstone = item
         if not bucket.changed and self.window > 1:
             bucket.changed = True
             self._changed[key] = None
         if tombstone:
-            return self._remove(key, bucket, meta)
-        if bucket.pending and meta in bucket.pending:
-            bucket.pending.discard(meta)
+            return self._remove(key, bucket, (gt, trace))
+        if bucket.pending and (gt, trace) in bucket.pending:
+            bucket.pending.discard((gt, trace))
             return []
-        metas = bucket.metas
-        n = len(metas)
-        if n == 0 or metas[-1] < meta:
+        items = bucket.items
+        n = len(items)
+        last = items[-1] if n else None
+        if last is None or last[1] < gt or (last[1] == gt and last[2] < trace):
             pos = n
         else:
-            pos = bisect_left(metas, meta)
-            if pos < n and metas[pos] == meta:
+            meta = (gt, trace)
+            pos = bisect_left(items, meta, key=item_meta)
+            if pos < n and item_meta(items[pos]) == meta:
                 raise ValueError(f"item with meta {meta} delivered twice to a grouping")
-        metas.insert(pos, meta)
+        items.insert(pos, item)
         self.held += 1
-        bucket.payloads.insert(pos, payload)
         bucket.emitted.insert(pos, 0)
         if n + 1 >= self.window and pos < self.window:
             self._note_deadline(key, bucket)
@@ -142,13 +144,12 @@ class Grouping:
         return bucket
 
     def _fill(self, bucket: Bucket, entries: Entries) -> None:
-        bucket.metas = [meta for meta, _ in entries]
-        bucket.payloads = [payload for _, payload in entries]
+        bucket.items = [(payload, gt, trace, False) for (gt, trace), payload in entries]
         bucket.emitted = [0] * len(entries)
         self.held += len(entries)
 
     def _note_deadline(self, key: Hashable, bucket: Bucket) -> None:
-        deadline = bucket.metas[self.window - 1][0]
+        deadline = bucket.items[self.window - 1][1]
         if bucket.deadline is None or deadline < bucket.deadline:
             bucket.deadline = deadline
             keys = self._deadlines.get(deadline)
@@ -159,29 +160,28 @@ class Grouping:
                 keys.append(key)
 
     def _remove(self, key: Hashable, bucket: Bucket, meta: MetaKey) -> list[Item]:
-        metas = bucket.metas
-        pos = bisect_left(metas, meta)
-        if pos == len(metas) or metas[pos] != meta:
+        items = bucket.items
+        pos = bisect_left(items, meta, key=item_meta)
+        if pos == len(items) or item_meta(items[pos]) != meta:
             if bucket.pending is None:
                 bucket.pending = set()
             bucket.pending.add(meta)
             self._pending_keys.add(key)
             return []
         out: list[Item] = []
-        payloads = bucket.payloads
-        removed = [payloads[pos]]
+        removed = items[pos]
         gone = bucket.emitted[pos]
         if gone:
-            window = tuple(payloads[max(0, pos - self.window + 1):pos] + removed)
+            window = tuple([other[0] for other in items[max(0, pos - self.window + 1):pos + 1]])
             out.append((window, meta[0], meta[1] + (gone,), True))
-        del metas[pos], payloads[pos], bucket.emitted[pos]
+        del items[pos], bucket.emitted[pos]
         self.held -= 1
         out.extend(self._emit(bucket, pos, pos + self.window - 1, pos, removed))
         return out
 
-    def _emit(self, bucket: Bucket, start: int, stop: int, changed: int, removed: list[Any] | None) -> list[Item]:
+    def _emit(self, bucket: Bucket, start: int, stop: int, changed: int, removed: Item | None) -> list[Item]:
         """(Re-)emit the windows ending at positions ``start .. stop-1``, retracting what each emitted before,
-        after the entry at ``changed`` was inserted (``removed`` None) or removed (``[its payload]``).
+        after the entry at ``changed`` was inserted (``removed`` None) or ``removed``.
 
         A retraction's window is rebuilt from the entries: the one emitted
         at ``j`` before was the ``window`` entries ending at it then, and
@@ -190,25 +190,25 @@ class Grouping:
         with the removed one back at ``changed`` (``changed <= j``).  Trimming
         keeps every entry such a window reaches (``_trim_bucket``).
         """
-        metas, payloads, emitted = bucket.metas, bucket.payloads, bucket.emitted
+        items, emitted = bucket.items, bucket.emitted
         w = self.window
         out: list[Item] = []
-        for j in range(start, min(stop, len(metas))):
-            gt, trace = metas[j]
+        for j in range(start, min(stop, len(items))):
+            _, gt, trace, _ = items[j]
             old = emitted[j]
             if old:
                 if removed is None:
-                    before = payloads[max(0, j - w):changed] + payloads[changed + 1:j + 1]
+                    before = items[max(0, j - w):changed] + items[changed + 1:j + 1]
                 else:
-                    before = payloads[max(0, j + 2 - w):changed] + removed + payloads[changed:j + 1]
-                out.append((tuple(before), gt, trace + (old,), True))
+                    before = items[max(0, j + 2 - w):changed] + [removed] + items[changed:j + 1]
+                out.append((tuple([other[0] for other in before]), gt, trace + (old,), True))
                 self.replays += 1
             self.clock += 1
             mark: Any = self.clock << CHILD_BITS  # boxed once: the same int in the trace and in ``emitted``
-            if w == 2:  # a reduce's window (the usual grouping): one tuple, not a list slice made into one
-                window: tuple[Any, ...] = (payloads[j - 1], payloads[j]) if j else (payloads[0],)
+            if w == 2:  # a reduce's window (the usual grouping): one tuple, built directly
+                window: tuple[Any, ...] = (items[j - 1][0], items[j][0]) if j else (items[0][0],)
             else:
-                window = tuple(payloads[j - w + 1 if j >= w else 0 : j + 1])
+                window = tuple([other[0] for other in items[j - w + 1 if j >= w else 0 : j + 1]])
             emitted[j] = mark
             out.append((window, gt, trace + (mark,), False))
         return out
@@ -223,14 +223,13 @@ class Grouping:
         flight on this tick) are not part of it.
         """
         keep = self.window - 1
-        floor = (below,)
         out: list[tuple[Hashable, Entries]] = []
         if keep == 0:
             return out
         for key in list(self._frozen):
             self._bucket(key)
         for key, bucket in self.buckets.items():
-            end = bisect_left(bucket.metas, floor)
+            end = bisect_left(bucket.items, below, key=item_time)
             start = max(0, end - keep)
             if end > start:
                 out.append((key, _entries(bucket, start, end)))
@@ -257,15 +256,14 @@ class Grouping:
         keep = self.window - 1
         if keep == 0:
             return []
-        floor = (below,)
         out: list[tuple[Hashable, Entries]] = []
         for key in changed:
             bucket = self.buckets.get(key)
             if bucket is None:
                 out.append((key, []))
                 continue
-            end = bisect_left(bucket.metas, floor)
-            bucket.changed = end < len(bucket.metas)  # items after the boundary: reported again next time
+            end = bisect_left(bucket.items, below, key=item_time)
+            bucket.changed = end < len(bucket.items)  # items after the boundary: reported again next time
             if bucket.changed:
                 self._changed[key] = None
             start = max(0, end - keep)
@@ -325,7 +323,7 @@ class Grouping:
                 bucket.pending = {m for m in bucket.pending if m[0] >= min_time} or None
             if bucket is None or not bucket.pending:
                 self._pending_keys.discard(key)
-                if bucket is not None and not bucket.metas:
+                if bucket is not None and not bucket.items:
                     del self.buckets[key]
 
     def _trim_bucket(self, key: Hashable, deadline: GlobalTime, min_time: GlobalTime) -> None:
@@ -343,14 +341,14 @@ class Grouping:
         if bucket is None or bucket.deadline != deadline:
             return
         keep = self.window - 1
-        drop = bisect_left(bucket.metas, (min_time,)) - keep
+        drop = bisect_left(bucket.items, min_time, key=item_time) - keep
         if drop > 0:
-            del bucket.metas[:drop], bucket.payloads[:drop], bucket.emitted[:drop]
+            del bucket.items[:drop], bucket.emitted[:drop]
             self.held -= drop
         bucket.deadline = None
-        if len(bucket.metas) > keep:
+        if len(bucket.items) > keep:
             self._note_deadline(key, bucket)
-        elif not bucket.metas and not bucket.pending:
+        elif not bucket.items and not bucket.pending:
             del self.buckets[key]
 
 
@@ -363,5 +361,5 @@ def _entries(bucket: Bucket, start: int, stop: int) -> Entries:
     and their allocations triggered young collections that were half of
     ``snapshot_changes``' time (perf, a worker of the index).
     """
-    metas, payloads = bucket.metas, bucket.payloads
-    return [(metas[j], payloads[j]) for j in range(start, stop)]
+    items = bucket.items
+    return [(item_meta(items[j]), items[j][0]) for j in range(start, stop)]
