@@ -29,8 +29,9 @@ class _Slot:
 
     def __init__(self) -> None:
         self.items: dict[Trace, Any] = {}
-        self.versions: dict[Trace, tuple[int, list[Trace]]] = {}
-        """Trace prefix before a grouping mark -> (highest mark seen there, items carrying it)."""
+        self.versions: dict[Trace, list[Any]] = {}
+        """Trace prefix before a grouping mark -> [highest mark seen there, the traces of the items carrying it...]:
+        one list, not a (mark, [traces]) pair, as an item's is usually the only trace there."""
         self.tombstones: set[Trace] = set()
 
 
@@ -68,15 +69,16 @@ class BarrierBuffer:
                 slot.tombstones.add(trace)
             return
         self.received += 1
-        if trace in slot.tombstones:
-            slot.tombstones.discard(trace)
+        tombstones = slot.tombstones
+        if tombstones and trace in tombstones:  # a tombstone before its item is rare: no hash of the trace for it
+            tombstones.discard(trace)
             return
         if trace in items:
             raise ValueError(f"item {gt} {trace} reached the barrier twice")
         versions = slot.versions
         # (prefix, mark, versions seen there) per grouping mark: each prefix sliced and looked up once (the
         # prefixes differ in length, so updating one below cannot change what was seen at another).
-        marked: list[tuple[Trace, int, tuple[int, list[Trace]] | None]] = []
+        marked: list[tuple[Trace, int, list[Any] | None]] = []
         for i, mark in enumerate(trace):
             if mark > CHILD_MASK:
                 prefix = trace[:i]
@@ -85,13 +87,14 @@ class BarrierBuffer:
                     return
                 marked.append((prefix, mark, seen))
         for prefix, mark, seen in marked:
-            if seen is None or seen[0] < mark:
-                if seen is not None:
-                    for stale in seen[1]:
-                        items.pop(stale, None)
-                versions[prefix] = (mark, [trace])
+            if seen is None:
+                versions[prefix] = [mark, trace]
+            elif seen[0] < mark:
+                for stale in seen[1:]:
+                    items.pop(stale, None)
+                versions[prefix] = [mark, trace]
             else:
-                seen[1].append(trace)
+                seen.append(trace)
         items[trace] = payload
 
     def release(self, min_time: GlobalTime | None) -> list[Released]:
