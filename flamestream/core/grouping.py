@@ -172,7 +172,7 @@ class Grouping:
         removed = items[pos]
         gone = bucket.emitted[pos]
         if gone:
-            window = tuple([other[0] for other in items[max(0, pos - self.window + 1):pos + 1]])
+            window = _window(items[max(0, pos - self.window + 1):pos + 1])
             out.append((window, meta[0], meta[1] + (gone,), True))
         del items[pos], bucket.emitted[pos]
         self.held -= 1
@@ -201,14 +201,14 @@ class Grouping:
                     before = items[max(0, j - w):changed] + items[changed + 1:j + 1]
                 else:
                     before = items[max(0, j + 2 - w):changed] + [removed] + items[changed:j + 1]
-                out.append((tuple([other[0] for other in before]), gt, trace + (old,), True))
+                out.append((_window(before), gt, trace + (old,), True))
                 self.replays += 1
             self.clock += 1
             mark: Any = self.clock << CHILD_BITS  # boxed once: the same int in the trace and in ``emitted``
             if w == 2:  # a reduce's window (the usual grouping): one tuple, built directly
                 window: tuple[Any, ...] = (items[j - 1][0], items[j][0]) if j else (items[0][0],)
             else:
-                window = tuple([other[0] for other in items[j - w + 1 if j >= w else 0 : j + 1]])
+                window = _window(items[j - w + 1 if j >= w else 0 : j + 1])
             emitted[j] = mark
             out.append((window, gt, trace + (mark,), False))
         return out
@@ -350,6 +350,11 @@ class Grouping:
             self._note_deadline(key, bucket)
         elif not bucket.items and not bucket.pending:
             del self.buckets[key]
+
+
+def _window(items: list[Item]) -> tuple[Any, ...]:
+    """The payloads of ``items``: the window they make."""
+    return tuple([item[0] for item in items])
 
 
 def _entries(bucket: Bucket, start: int, stop: int) -> Entries:
