@@ -1,11 +1,15 @@
-"""A small tmpfs for a test: a disk that really fills up (the brief's "small tmpfs for a full disk")."""
+"""Disks that really fail, for a test: a small tmpfs that fills up (the brief's "small tmpfs for a full disk"), and
+a FUSE mount whose fsync fails on demand (``tests/faultfs.py``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,3 +34,54 @@ def tmpfs(mount: Path, size: str) -> Iterator[Path]:
     finally:
         if mounted(mount):
             subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@dataclass(frozen=True)
+class FailingFsync:
+    """A mounted ``tests/faultfs.py``: fsync on it fails with EIO between ``fail`` and ``heal``."""
+
+    mount: Path
+    control: Path
+
+    def fail(self) -> None:
+        self.control.touch()
+
+    def heal(self) -> None:
+        self.control.unlink(missing_ok=True)
+
+
+MOUNT_WAIT = 20.0
+"""Seconds a FUSE mount may take to appear in /proc/mounts."""
+
+
+@contextlib.contextmanager
+def failing_fsync(mount: Path, work: Path) -> Iterator[FailingFsync]:
+    """``tests/faultfs.py`` mounted at ``mount`` (created) for the block, its files and its control file in
+    ``work``; skips the test without root, /dev/fuse or fusepy's libfuse."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a FUSE file system needs root")
+    if not Path("/dev/fuse").exists():
+        pytest.skip("no /dev/fuse")
+    backing, control = work / "faultfs-files", work / "faultfs-failing"
+    for directory in (mount, backing):
+        directory.mkdir(parents=True)
+    repo = Path(__file__).resolve().parent.parent
+    server = subprocess.Popen([sys.executable, "-m", "tests.faultfs", str(backing), str(mount), str(control)],
+                              cwd=repo, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + MOUNT_WAIT
+        while not mounted(mount):
+            if server.poll() is not None:
+                pytest.skip(f"cannot mount a FUSE file system: {server.stderr.read() if server.stderr else ''}")
+            assert time.monotonic() < deadline, f"{mount} was not mounted within {MOUNT_WAIT} s"
+            time.sleep(0.05)
+        yield FailingFsync(mount, control)
+    finally:
+        control.unlink(missing_ok=True)
+        if mounted(mount):
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
