@@ -83,6 +83,8 @@ class StopError(Exception):
 NODE = "node"
 SUPERVISOR = "supervisor"
 """The process ``up`` leaves running to restart crashed nodes (``flamestream.runtime.restarts``)."""
+SUPERVISING_FILE = "supervising"
+"""``DIR/supervising``: the supervisor's pid, written once it watches the nodes (``_Launcher.wait_supervising``)."""
 """The role of node processes in the state file (ZooKeeper's process is ``zookeeper``)."""
 
 PLACEMENTS = ("nodes", "separate")
@@ -242,6 +244,10 @@ class ClusterState:
 
 def state_path(data_dir: Path) -> Path:
     return data_dir / STATE_FILE
+
+
+def supervising_path(data_dir: Path) -> Path:
+    return data_dir / SUPERVISING_FILE
 
 
 def load_state(data_dir: Path) -> ClusterState | None:
@@ -574,6 +580,24 @@ class _Launcher:
                                                f"after {self.options.timeout:g}s")
                 time.sleep(0.1)
 
+    def wait_supervising(self, deadline: float, supervisor: ProcessRecord) -> None:
+        """Block until ``supervisor`` says it watches the nodes: ``DIR/supervising`` holds its pid.
+
+        Why: ``up`` returned while the supervisor was still importing (0.3 s
+        of CPU in its first half second), which then ran alongside whatever
+        came next — the first seconds of a benchmark, measured, on two cores —
+        and until it watches, a node that dies is not restarted.
+        """
+        path = supervising_path(self.data_dir)
+        while True:
+            self.check_running(supervisor)
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                if int(path.read_text()) == supervisor.pid:
+                    return
+            if time.monotonic() >= deadline:
+                raise self.failure(supervisor, f"did not start supervising within {self.options.timeout:g}s")
+            time.sleep(0.05)
+
 
 _HEALTH_CHECK = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/Check"
 
@@ -646,8 +670,10 @@ def start_cluster(options: UpOptions) -> ClusterState:
         if options.supervise:
             hang = [] if options.hang_timeout is None else ["--hang-timeout", f"{options.hang_timeout:g}"]
             spares = [] if options.spares else ["--no-spares"]
-            launcher.spawn(SUPERVISOR, SUPERVISOR, ["-m", "flamestream", "supervise", "--data-dir", str(data_dir),
-                                                    *hang, *spares])
+            supervising_path(data_dir).unlink(missing_ok=True)  # a crashed run's
+            supervisor = launcher.spawn(SUPERVISOR, SUPERVISOR, ["-m", "flamestream", "supervise", "--data-dir",
+                                                                 str(data_dir), *hang, *spares])
+            launcher.wait_supervising(deadline, supervisor)
     except BaseException:
         with contextlib.suppress(StopError):
             stop_cluster(state, data_dir)

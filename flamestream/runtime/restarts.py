@@ -49,6 +49,7 @@ from flamestream.runtime.launcher import (
     load_state,
     respawn,
     save_state,
+    supervising_path,
 )
 from flamestream.runtime.spares import Spare
 
@@ -170,12 +171,17 @@ def supervise(data_dir: Path, hang_timeout: float = HANG_TIMEOUT, spares: bool =
     warm = _Spares(data_dir) if spares else None
     log.info("supervising the nodes of %s (hang timeout %s, warm spares %s)", data_dir,
              f"{hang_timeout:g}s" if hang_timeout > 0 else "off", "on" if spares else "off")
+    supervising = supervising_path(data_dir)
+    supervising.write_text(str(os.getpid()))  # ``up`` returns once it reads this pid (a torn read is no pid)
     try:
         _supervise(data_dir, hang_timeout, lambda: stopping, exits, warm)
     finally:
         exits.close()
         if warm is not None:
             warm.close()
+        with contextlib.suppress(OSError, ValueError):
+            if int(supervising.read_text()) == os.getpid():
+                supervising.unlink()
     log.info("stopped")
     return 0
 
