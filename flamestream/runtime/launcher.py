@@ -81,11 +81,11 @@ class StopError(Exception):
 
 
 NODE = "node"
+"""The role of node processes in the state file (ZooKeeper's process is ``zookeeper``)."""
 SUPERVISOR = "supervisor"
 """The process ``up`` leaves running to restart crashed nodes (``flamestream.runtime.restarts``)."""
 SUPERVISING_FILE = "supervising"
 """``DIR/supervising``: the supervisor's pid, written once it watches the nodes (``_Launcher.wait_supervising``)."""
-"""The role of node processes in the state file (ZooKeeper's process is ``zookeeper``)."""
 
 PLACEMENTS = ("nodes", "separate")
 DEFAULT_SNAPSHOT_INTERVAL_MS = 1000
