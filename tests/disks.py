@@ -4,6 +4,8 @@ a FUSE mount whose fsync fails on demand (``tests/faultfs.py``)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes.util
+import importlib.util
 import os
 import subprocess
 import sys
@@ -56,23 +58,26 @@ MOUNT_WAIT = 20.0
 
 @contextlib.contextmanager
 def failing_fsync(mount: Path, work: Path) -> Iterator[FailingFsync]:
-    """``tests/faultfs.py`` mounted at ``mount`` (created) for the block, its files and its control file in
-    ``work``; skips the test without root, /dev/fuse or fusepy's libfuse."""
+    """``tests/faultfs.py`` mounted at ``mount`` (created) for the block, its files, its control file and its
+    output in ``work``; skips the test without root, /dev/fuse, fusepy or libfuse 2 (``scripts/install dev``
+    brings both), and fails it if the file system itself does not mount."""
     if os.geteuid() != 0:
         pytest.skip("mounting a FUSE file system needs root")
     if not Path("/dev/fuse").exists():
         pytest.skip("no /dev/fuse")
-    backing, control = work / "faultfs-files", work / "faultfs-failing"
+    if importlib.util.find_spec("fuse") is None or ctypes.util.find_library("fuse") is None:
+        pytest.skip("no fusepy or no libfuse 2 (`bash scripts/install dev` installs them)")
+    backing, control, output = work / "faultfs-files", work / "faultfs-failing", work / "faultfs.out"
     for directory in (mount, backing):
         directory.mkdir(parents=True)
     repo = Path(__file__).resolve().parent.parent
-    server = subprocess.Popen([sys.executable, "-m", "tests.faultfs", str(backing), str(mount), str(control)],
-                              cwd=repo, stderr=subprocess.PIPE, text=True)
+    with output.open("wb") as out:  # a file, not a pipe nobody reads: a full pipe would block the file system
+        server = subprocess.Popen([sys.executable, "-m", "tests.faultfs", str(backing), str(mount), str(control)],
+                                  cwd=repo, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + MOUNT_WAIT
         while not mounted(mount):
-            if server.poll() is not None:
-                pytest.skip(f"cannot mount a FUSE file system: {server.stderr.read() if server.stderr else ''}")
+            assert server.poll() is None, f"tests/faultfs.py exited with {server.returncode}: {output.read_text()}"
             assert time.monotonic() < deadline, f"{mount} was not mounted within {MOUNT_WAIT} s"
             time.sleep(0.05)
         yield FailingFsync(mount, control)
@@ -85,3 +90,5 @@ def failing_fsync(mount: Path, work: Path) -> Iterator[FailingFsync]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        if mounted(mount):  # a server killed, or mounted after the wait gave up: its mount is dead, take it away
+            subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -43,7 +43,7 @@ class FailingFsync(Operations):
     # -- metadata ------------------------------------------------------------------------------------------------
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        st = os.lstat(self._path(path))
+        st = os.fstat(fh) if fh is not None else os.lstat(self._path(path))
         return {field: getattr(st, field) for field in _STAT_FIELDS}
 
     def readdir(self, path: str, fh: int) -> list[str]:
@@ -92,7 +92,8 @@ class FailingFsync(Operations):
         return os.open(self._path(path), flags & ~os.O_APPEND)
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
-        return os.open(self._path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        # fusepy does not pass the caller's flags here: open for both, so a file created to be read works too.
+        return os.open(self._path(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         return os.pread(fh, size, offset)
@@ -132,7 +133,10 @@ class FailingFsync(Operations):
 
 def main() -> None:
     backing, mount, control = sys.argv[1:4]
-    FUSE(FailingFsync(os.path.abspath(backing), os.path.abspath(control)), mount, foreground=True, nothreads=True)
+    # hard_remove: a file unlinked or renamed over while open goes at once, as on a disk (libfuse would otherwise
+    # keep it as a hidden file, and a rename over it would not replace it atomically for a reader).
+    FUSE(FailingFsync(os.path.abspath(backing), os.path.abspath(control)), mount, foreground=True, nothreads=True,
+         hard_remove=True)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ import errno
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from examples import wordcount
 from flamestream.client import Client
 from flamestream.core.payload import decode_payload
+from flamestream.runtime.launcher import is_alive
 from flamestream.storage.input_log import read_input_logs
 from flamestream.storage.log import SegmentedLog
 from flamestream.wire import flamestream_pb2 as pb
@@ -33,18 +35,17 @@ FAILURE = "input log failed to sync"
 """What the front's node logs when it stops for a push it could not make durable (``FrontService._send_durably``)."""
 
 
-def _node(cluster: Cluster) -> dict[str, object]:
+def _node(cluster: Cluster) -> dict[str, Any]:
     return next(p for p in cluster.state()["processes"] if str(p["name"]).startswith("node"))
 
 
-def _released_words(data: Path) -> set[str]:
-    """The words of every record the output topic holds, read from its files (the node may be down meanwhile)."""
-    words: set[str] = set()
+def _released(data: Path) -> list[str]:
+    """The word of every record the output topic holds, read from its files (the node may be down meanwhile)."""
+    words: list[str] = []
     for partition in sorted((data / "topic").iterdir()):
         log = SegmentedLog(partition, readonly=True)
         try:
-            for _offset, record in log.scan():
-                words.add(decode_payload(pb.Record.FromString(record).payload)["word"])
+            words += [decode_payload(pb.Record.FromString(record).payload)["word"] for _offset, record in log.scan()]
         finally:
             log.close()
     return words
@@ -92,23 +93,30 @@ def test_a_failed_fsync_stops_the_front_and_the_recovery_keeps_every_event_once(
         with Client(zookeeper, cluster_name, retries=60) as client:  # rides out the restarts
             client.push(before, producer="fsync")
             consume_all(client, "before", 40, timeout=60)  # released: the cluster works on this disk
+            node = _node(cluster)
             disk.fail()
             with ThreadPoolExecutor(1) as pusher:
                 retried = pusher.submit(client.push, failed, producer="fsync")  # retried until the node is back
-                eventually(lambda: FAILURE in log.read_text(), "the front to stop for the failed fsync")
-                # While the disk fails, the node's restarts stop at the log's open (which syncs the log's tail):
-                # what the topic holds now is what it holds until the disk heals.
-                eventually(lambda: int(_node(cluster).get("restarts", 0)) >= 1, "the supervisor to restart the node")
-                released = _released_words(data)
-                assert {f"early{i}" for i in range(20)} <= released
-                assert not released & {f"lost{i}" for i in range(20)}, "an event was released before it was durable"
-                assert not retried.done(), "the push was acknowledged although its events are not durable"
-                disk.heal()
+                try:
+                    eventually(lambda: FAILURE in log.read_text(), "the front to stop for the failed fsync")
+                    # While the disk fails, the node's restarts stop at the log's open (which syncs the log's
+                    # tail): once the failed process is gone, what the topic holds is what it holds until the disk
+                    # heals.
+                    eventually(lambda: (_node(cluster)["restarts"] > node["restarts"]
+                                        and not is_alive(node["pid"], node["started"])),
+                               "the supervisor to restart the node")
+                    released = set(_released(data))
+                    assert {f"early{i}" for i in range(20)} <= released
+                    assert not released & {f"lost{i}" for i in range(20)}, "released before it was durable"
+                    assert not retried.done(), "the push was acknowledged although its events are not durable"
+                finally:
+                    disk.heal()  # else the push's retries hold the executor's exit for their whole back-off
                 retried.result(timeout=120)  # the same producer and sequences: admitted once
             client.push(after, producer="fsync")
             logged = [stamped[3] for stamped in read_input_logs(data)]
             assert logged == before + failed + after  # every line once, in push order
             expected = expected_from_input_logs(cluster, wordcount.graph())
             got = consume_all(client, "check", len(expected), timeout=120)
+        assert len(_released(data)) == len(expected)  # nothing released twice, beyond what was consumed
         assert as_multiset([(r.time, r.payload) for r in got]) == as_multiset(expected)
         assert len(expected) == 2 * len(logged)

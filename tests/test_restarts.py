@@ -62,14 +62,9 @@ def _counts(zookeeper: str, cluster: str, lines: list[str], group: str, expected
 def test_up_returns_once_the_supervisor_watches_the_nodes(cluster_dir: Path, zookeeper: str,
                                                          cluster_name: str) -> None:
     """``up`` waits for the supervisor's word that it supervises (its pid in ``DIR/supervising``), so its start-up
-    is over, and a node killed the moment ``up`` returns is restarted; ``down`` leaves no such word behind."""
+    is over when ``up`` returns; ``down`` leaves no such word behind."""
     state = _up(cluster_dir, zookeeper, cluster_name)
-    supervisor = _node(state, "supervisor")["pid"]
-    assert (cluster_dir / launcher.SUPERVISING_FILE).read_text() == str(supervisor)
-    killed = _node(state, "node1")
-    os.kill(killed["pid"], signal.SIGKILL)
-    eventually(lambda: _node(json.loads((cluster_dir / "cluster.json").read_text()), "node1")["restarts"] >= 1,
-               "the supervisor to restart the node killed as `up` returned")
+    assert (cluster_dir / launcher.SUPERVISING_FILE).read_text() == str(_node(state, "supervisor")["pid"])
     _down(cluster_dir)
     assert not (cluster_dir / launcher.SUPERVISING_FILE).exists()
 

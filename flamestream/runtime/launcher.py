@@ -586,7 +586,7 @@ class _Launcher:
         Why: ``up`` returned while the supervisor was still importing (0.3 s
         of CPU in its first half second), which then ran alongside whatever
         came next — the first seconds of a benchmark, measured, on two cores —
-        and until it watches, a node that dies is not restarted.
+        and a node that died meanwhile waited for it to be restarted.
         """
         path = supervising_path(self.data_dir)
         while True:
