@@ -21,6 +21,12 @@ def mounted(path: Path) -> bool:
     return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
 
 
+def _unmount(path: Path) -> None:
+    """Detach whatever is mounted at ``path`` (lazily: a process may still hold a file there); nothing if nothing."""
+    if mounted(path):
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
 @contextlib.contextmanager
 def tmpfs(mount: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` at ``mount`` (created) for the block; skips the test without root or a mount."""
@@ -34,8 +40,7 @@ def tmpfs(mount: Path, size: str) -> Iterator[Path]:
     try:
         yield mount
     finally:
-        if mounted(mount):
-            subprocess.run(["umount", "-l", str(mount)], check=False)
+        _unmount(mount)
 
 
 @dataclass(frozen=True)
@@ -83,12 +88,10 @@ def failing_fsync(mount: Path, work: Path) -> Iterator[FailingFsync]:
         yield FailingFsync(mount, control)
     finally:
         control.unlink(missing_ok=True)
-        if mounted(mount):
-            subprocess.run(["umount", "-l", str(mount)], check=False)
+        _unmount(mount)
         try:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-        if mounted(mount):  # a server killed, or mounted after the wait gave up: its mount is dead, take it away
-            subprocess.run(["umount", "-l", str(mount)], check=False)
+        _unmount(mount)  # a server killed, or mounted after the wait gave up: its mount is dead, take it away
