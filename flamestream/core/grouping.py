@@ -172,8 +172,7 @@ class Grouping:
         removed = items[pos]
         gone = bucket.emitted[pos]
         if gone:
-            window = _window(items[max(0, pos - self.window + 1):pos + 1])
-            out.append((window, meta[0], meta[1] + (gone,), True))
+            out.append((_window_at(items, pos, self.window), meta[0], meta[1] + (gone,), True))
         del items[pos], bucket.emitted[pos]
         self.held -= 1
         out.extend(self._emit(bucket, pos, pos + self.window - 1, pos, removed))
@@ -208,7 +207,7 @@ class Grouping:
             if w == 2:  # a reduce's window (the usual grouping): one tuple, built directly
                 window: tuple[Any, ...] = (items[j - 1][0], items[j][0]) if j else (items[0][0],)
             else:
-                window = _window(items[j - w + 1 if j >= w else 0 : j + 1])
+                window = _window_at(items, j, w)
             emitted[j] = mark
             out.append((window, gt, trace + (mark,), False))
         return out
@@ -355,6 +354,11 @@ class Grouping:
 def _window(items: list[Item]) -> tuple[Any, ...]:
     """The payloads of ``items``: the window they make."""
     return tuple([item[0] for item in items])
+
+
+def _window_at(items: list[Item], j: int, window: int) -> tuple[Any, ...]:
+    """The window ending at position ``j`` now: the payloads of up to ``window`` items up to it."""
+    return _window(items[max(0, j - window + 1):j + 1])
 
 
 def _entries(bucket: Bucket, start: int, stop: int) -> Entries:
