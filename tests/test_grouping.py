@@ -290,6 +290,26 @@ def test_trim_drops_stale_pending_tombstones() -> None:
     assert "k" not in g.buckets
 
 
+def test_a_bucket_deleted_under_a_noted_deadline_leaves_the_keys_next_bucket_alone() -> None:
+    """The deadline lists hold buckets: one deleted while listed (emptied by tombstones, its last pending one
+    dropped by a trim) must not, when its deadline comes, delete the bucket its key has since."""
+    g = Grouping(2)
+    a, b = item("a", 1), item("b", 2)
+    g.accept("k", a)
+    g.accept("k", b)  # deadline noted at 2
+    g.accept("k", tomb(a))
+    g.accept("k", tomb(b))  # empty, the deadline still listed
+    g.accept("k", tomb(item("ghost", 1, trace=(7,))))  # pending: keeps the empty bucket until a trim
+    g.trim(GlobalTime(2, 0))  # drops the pending tombstone and the bucket; deadline 2 not passed yet
+    assert "k" not in g.buckets
+    g.accept("k", item("d", 3))
+    g.accept("k", item("e", 4))
+    g.trim(GlobalTime(5, 0))  # pops deadline 2 (the deleted bucket's), then 4 (the new one's)
+    assert [i[0] for i in g.buckets["k"].items] == ["e"]
+    assert [o[0] for o in g.accept("k", item("f", 5))] == [("e", "f")]
+    assert g.held == 2
+
+
 # -- property: replay converges to the in-order run ------------------------------------
 
 

@@ -47,9 +47,12 @@ class StateError(Exception):
 class Bucket:
     """Items of one key in meta order, with the mark of the window last emitted at each."""
 
-    __slots__ = ("changed", "deadline", "emitted", "items", "pending")
+    __slots__ = ("changed", "deadline", "emitted", "items", "key", "pending")
 
-    def __init__(self) -> None:
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        """Its key in ``Grouping.buckets``: the deadline lists and the changed keys hold the bucket itself, and
+        trimming needs the key only to delete an emptied bucket."""
         self.items: list[Item] = []
         """The items as they arrived (never tombstones), in meta order.  The items themselves, not a (meta,
         payload) pair made of each: that was one more tuple per item, kept until trimming freed it cold, and one
@@ -64,7 +67,8 @@ class Bucket:
         """Tombstones that overtook their item (only on non-FIFO paths)."""
         self.deadline: GlobalTime | None = None
         """Global time of the entry at index window-1 when last noted: nothing is trimmable before min time passes
-        it.  Removals only ever move the real one later, so a noted deadline is never too late."""
+        it.  Removals only ever move the real one later, so a noted deadline is never too late.  None once the
+        bucket left ``Grouping.buckets``: a deadline list's reference to it is then skipped."""
         self.changed = False
         """Whether the key is in its grouping's ``_changed`` already: then an item costs no dict write for it (a
         reduce's key takes two items per input, an item and the accumulator coming back round the cycle)."""
@@ -80,9 +84,11 @@ class Grouping:
         self.buckets: dict[Hashable, Bucket] = {}
         self.clock = 0
         """Logical time: bumped per emission, so re-emissions outrank what they replace."""
-        self._deadlines: dict[GlobalTime, list[Hashable]] = {}
-        """Keys by the deadlines noted for them (see ``trim``).  A key stays listed under a deadline that an
-        earlier one, noted since, superseded; ``_trim_bucket`` skips it when that deadline is popped."""
+        self._deadlines: dict[GlobalTime, list[Bucket]] = {}
+        """Buckets by the deadlines noted for them (see ``trim``).  A bucket stays listed under a deadline that an
+        earlier one, noted since, superseded; ``_trim_bucket`` skips it when that deadline is popped.  The buckets
+        themselves, not their keys: looking a key up again in a dict of tens of thousands (a cache miss for each
+        word of the index) was a fifth of trimming."""
         self._times: list[GlobalTime] = []
         """A heap of ``_deadlines``' global times."""
         self._pending_keys: set[Hashable] = set()
@@ -90,10 +96,11 @@ class Grouping:
         """Windows re-emitted because of out-of-order arrivals or retractions."""
         self.held = 0
         """Items currently held across all buckets (state size), not counting restored buckets not decoded yet."""
-        self._changed: dict[Hashable, None] = {}
+        self._changed: dict[Hashable, Bucket] = {}
         """Keys whose ``snapshot`` entries may differ from what ``snapshot_changes`` last reported (insertion
-        order, so the report's order never depends on the process's string hashing).  Not kept for window 1:
-        such a grouping has no state to snapshot, and its keys come and go with every item."""
+        order, so the report's order never depends on the process's string hashing), with their buckets: a
+        bucket deleted since is empty, so it reports no entries, and a key's newer bucket replaces it here.  Not
+        kept for window 1: such a grouping has no state to snapshot, and its keys come and go with every item."""
         self._frozen: dict[Hashable, Thaw] = {}
         """Restored buckets not decoded yet (``restore_lazily``): a key moves into ``buckets`` when first needed."""
 
@@ -105,7 +112,7 @@ class Grouping:
         _, gt, trace, tombstone = item
         if not bucket.changed and self.window > 1:
             bucket.changed = True
-            self._changed[key] = None
+            self._changed[key] = bucket
         if tombstone:
             return self._remove(key, bucket, (gt, trace))
         if bucket.pending and (gt, trace) in bucket.pending:
@@ -125,12 +132,12 @@ class Grouping:
         self.held += 1
         bucket.emitted.insert(pos, 0)
         if n + 1 >= self.window and pos < self.window:
-            self._note_deadline(key, bucket)
+            self._note_deadline(bucket)
         return self._emit(bucket, pos, pos + self.window, pos, None)
 
     def _bucket(self, key: Hashable) -> Bucket:
         """The bucket of a key not in ``buckets``: a restored one decoded now, or a new empty one."""
-        bucket = Bucket()
+        bucket = Bucket(key)
         if self._frozen:
             thaw = self._frozen.get(key)
             if thaw is not None:
@@ -148,16 +155,16 @@ class Grouping:
         bucket.emitted = [0] * len(entries)
         self.held += len(entries)
 
-    def _note_deadline(self, key: Hashable, bucket: Bucket) -> None:
+    def _note_deadline(self, bucket: Bucket) -> None:
         deadline = bucket.items[self.window - 1][1]
         if bucket.deadline is None or deadline < bucket.deadline:
             bucket.deadline = deadline
-            keys = self._deadlines.get(deadline)
-            if keys is None:
-                self._deadlines[deadline] = [key]
+            listed = self._deadlines.get(deadline)
+            if listed is None:
+                self._deadlines[deadline] = [bucket]
                 heapq.heappush(self._times, deadline)
             else:
-                keys.append(key)
+                listed.append(bucket)
 
     def _remove(self, key: Hashable, bucket: Bucket, meta: MetaKey) -> list[Item]:
         items = bucket.items
@@ -256,15 +263,11 @@ class Grouping:
         if keep == 0:
             return []
         out: list[tuple[Hashable, Entries]] = []
-        for key in changed:
-            bucket = self.buckets.get(key)
-            if bucket is None:
-                out.append((key, []))
-                continue
+        for key, bucket in changed.items():
             end = bisect_left(bucket.items, below, key=item_time)
             bucket.changed = end < len(bucket.items)  # items after the boundary: reported again next time
             if bucket.changed:
-                self._changed[key] = None
+                self._changed[key] = bucket
             start = max(0, end - keep)
             out.append((key, _entries(bucket, start, end)))
         return out
@@ -272,11 +275,11 @@ class Grouping:
     def restore(self, key: Hashable, entries: Entries) -> None:
         """Start bucket ``key`` from a snapshot's entries (a new tick, before any of its own items)."""
         self._check_new(key)
-        bucket = self.buckets[key] = Bucket()
+        bucket = self.buckets[key] = Bucket(key)
         self._fill(bucket, entries)
         if self.window > 1:
             bucket.changed = True
-            self._changed[key] = None
+            self._changed[key] = bucket
 
     def restore_lazily(self, key: Hashable, thaw: Thaw) -> None:
         """Start bucket ``key`` from a snapshot's entries that ``thaw`` decodes when an item first reaches the key
@@ -302,7 +305,7 @@ class Grouping:
         """Forget what no future window can need once ``min_time`` has passed.
 
         Only buckets whose deadline passed are visited, so trimming costs what it
-        drops.  Why keys by deadline, and a heap of the deadlines: the items of
+        drops.  Why buckets by deadline, and a heap of the deadlines: the items of
         one event (a line's words, a page's postings) share its global time, so
         a heap sifts once per event rather than once per key.  A key per heap
         entry paid a sift of tuple comparisons for every bucket trimmed while
@@ -314,20 +317,25 @@ class Grouping:
         times, deadlines = self._times, self._deadlines
         while times and times[0] < min_time:
             deadline = heapq.heappop(times)
-            for key in deadlines.pop(deadline):
-                self._trim_bucket(key, deadline, min_time)
+            for bucket in deadlines.pop(deadline):
+                self._trim_bucket(bucket, deadline, min_time)
         for key in list(self._pending_keys):
-            bucket = self.buckets.get(key)
-            if bucket is not None and bucket.pending:
-                bucket.pending = {m for m in bucket.pending if m[0] >= min_time} or None
-            if bucket is None or not bucket.pending:
+            found = self.buckets.get(key)
+            if found is not None and found.pending:
+                found.pending = {m for m in found.pending if m[0] >= min_time} or None
+            if found is None or not found.pending:
                 self._pending_keys.discard(key)
-                if bucket is not None and not bucket.items:
-                    del self.buckets[key]
+                if found is not None and not found.items:
+                    self._delete(found)
 
-    def _trim_bucket(self, key: Hashable, deadline: GlobalTime, min_time: GlobalTime) -> None:
-        """Drop what bucket ``key`` no longer needs, if ``deadline`` is still its own (not superseded by an
-        earlier one handled already).
+    def _delete(self, bucket: Bucket) -> None:
+        """Take an emptied bucket out of ``buckets``; without a deadline, what still lists it skips it."""
+        bucket.deadline = None
+        del self.buckets[bucket.key]
+
+    def _trim_bucket(self, bucket: Bucket, deadline: GlobalTime, min_time: GlobalTime) -> None:
+        """Drop what ``bucket`` no longer needs, if ``deadline`` is still its own (not superseded by an earlier
+        one handled already, nor taken away with the bucket).
 
         The items it keeps below the min time keep their marks: an item can
         only arrive at or after the min time, so it sorts after them, and the
@@ -336,19 +344,22 @@ class Grouping:
         previous accumulator, a whole posting list on the inverted index —
         and were cleared here.)
         """
-        bucket = self.buckets.get(key)
-        if bucket is None or bucket.deadline != deadline:
+        if bucket.deadline != deadline:
             return
         keep = self.window - 1
-        drop = bisect_left(bucket.items, min_time, key=item_time) - keep
+        items = bucket.items
+        below, n = 0, len(items)
+        while below < n and items[below][1] < min_time:  # a scan, not a bisect: it stops at the items it drops
+            below += 1
+        drop = below - keep
         if drop > 0:
-            del bucket.items[:drop], bucket.emitted[:drop]
+            del items[:drop], bucket.emitted[:drop]
             self.held -= drop
         bucket.deadline = None
-        if len(bucket.items) > keep:
-            self._note_deadline(key, bucket)
-        elif not bucket.items and not bucket.pending:
-            del self.buckets[key]
+        if len(items) > keep:
+            self._note_deadline(bucket)
+        elif not items and not bucket.pending:
+            self._delete(bucket)
 
 
 def _window(items: list[Item]) -> tuple[Any, ...]:
