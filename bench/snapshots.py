@@ -15,7 +15,8 @@ holds its share of the hash space, so a 2-worker cluster's snapshots are
 about half of each figure.
 
 Each line also says what the whole loop cost since the line before: the
-process's CPU seconds, and the cyclic collector's collections (how many, their
+process's CPU seconds, of which the pages' processing and the trims (this
+thread's CPU), and the cyclic collector's collections (how many, their
 milliseconds, the longest: each one stops the event loop of a node that long),
 with the process's peak RSS.  ``--every 0`` takes no snapshots, for the core's
 own figures.
@@ -87,26 +88,33 @@ def main() -> None:
     pages = [page for _i, page in itertools.islice(bench.events(1), args.pages)]
     collections = Collections()
     cpu = time.process_time()
+    processing = trimming = 0.0
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "worker-0.snap"
         for i, page in enumerate(pages, 1):
             at = GlobalTime(1000 + i, 0)
+            started = time.thread_time()
             for envelopes in front_envelopes(plan, whole, [(plan.entry_balance(page), (page, at, (), False))]).values():
                 for _outboxes in core.run(envelopes):
                     pass
+            processed = time.thread_time()
             core.on_min_time(at)
+            processing += processed - started
+            trimming += time.thread_time() - processed
             line: dict[str, Any] = {"pages": i}
             changes: WorkerState = {}
             if args.every and i % args.every == 0:
                 changes = _snapshot(core, image, GlobalTime(1001 + i, 0), path, line)
             if i % args.report == 0 or i == len(pages):
                 line["cpu_s"] = round(time.process_time() - cpu, 2)
+                line["processing_s"], line["trimming_s"] = round(processing, 2), round(trimming, 2)
                 line["collections"] = collections.take()
                 line["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
                 if changes:  # measured outside the stretch's figures: no worker does this
                     line["changed_mb"] = round(_encoded_size(changes, path.with_name("changed.snap")) / 1e6, 2)
                     collections.take()
                 cpu = time.process_time()
+                processing = trimming = 0.0
                 print(json.dumps(line), flush=True)
 
 
