@@ -99,7 +99,8 @@ class Grouping:
         self._changed: dict[Hashable, Bucket] = {}
         """Keys whose ``snapshot`` entries may differ from what ``snapshot_changes`` last reported (insertion
         order, so the report's order never depends on the process's string hashing), with their buckets: a
-        bucket deleted since is empty, so it reports no entries, and a key's newer bucket replaces it here.  Not
+        bucket deleted since is empty, so it reports no entries, and a key's newer bucket replaces it here
+        (``accept`` or ``restore``; a lazy restore, which would not, comes before any item by contract).  Not
         kept for window 1: such a grouping has no state to snapshot, and its keys come and go with every item."""
         self._frozen: dict[Hashable, Thaw] = {}
         """Restored buckets not decoded yet (``restore_lazily``): a key moves into ``buckets`` when first needed."""
