@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -520,11 +520,8 @@ class _Launcher:
             time.sleep(0.1)
         record.address = found.group(1)
         record.helpers = _children(record.pid)
-        while not zookeeper_serving(record.address):
-            self.check_running(record)
-            if time.monotonic() >= deadline:
-                raise self.failure(record, f"does not serve requests within {self.options.timeout:g}s")
-            time.sleep(0.05)
+        self.wait_until(record, deadline, lambda: zookeeper_serving(record.address),
+                        f"does not serve requests within {self.options.timeout:g}s")
         self.state.zookeeper = record.address
         save_state(self.data_dir, self.state)
 
@@ -589,13 +586,22 @@ class _Launcher:
         and a node that died meanwhile waited for it to be restarted.
         """
         path = supervising_path(self.data_dir)
-        while True:
-            self.check_running(supervisor)
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                if int(path.read_text()) == supervisor.pid:
-                    return
+
+        def supervising() -> bool:
+            try:
+                return int(path.read_text()) == supervisor.pid
+            except (FileNotFoundError, ValueError):  # not written yet, or read while being written
+                return False
+
+        self.wait_until(supervisor, deadline, supervising,
+                        f"did not start supervising within {self.options.timeout:g}s")
+
+    def wait_until(self, record: ProcessRecord, deadline: float, ready: Callable[[], bool], late: str) -> None:
+        """Block until ``ready()`` while ``record`` runs; ``failure(record, late)`` once ``deadline`` passed."""
+        while not ready():
+            self.check_running(record)
             if time.monotonic() >= deadline:
-                raise self.failure(supervisor, f"did not start supervising within {self.options.timeout:g}s")
+                raise self.failure(record, late)
             time.sleep(0.05)
 
 
