@@ -463,6 +463,12 @@ class ClusterStore:
         return [(int(info["after"]), int(info["until"]))
                 for info, _version in self._read_children(f"{self.base}/fences").values()]
 
+    def watch_fences(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from kazoo's event thread) now and whenever a fence goes up or comes down; until
+        ``stop()``.  A front renews its lease at once then (``flamestream.fronts.lease``) instead of polling."""
+        self._zk.ensure_path(f"{self.base}/fences")
+        self._zk.ChildrenWatch(f"{self.base}/fences", lambda _names: callback())
+
     # -- load statistics -----------------------------------------------------
 
     def report_load(self, worker: int, buckets: list[int]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import pytest
@@ -22,6 +22,7 @@ from flamestream import client as sdk
 from flamestream.cluster import ClusterStore
 from flamestream.core.meta import GlobalTime
 from flamestream.core.tick import Layout, Tick
+from flamestream.fronts import lease as lease_module
 from flamestream.fronts.lease import LEASE_MS, StampingLease
 
 CLOCK = 1_700_000_000_000
@@ -119,6 +120,36 @@ def test_the_cut_waits_for_the_push_holding_the_front_lock(store: ClusterStore) 
         assert front.lease.until == CLOCK + 400
 
     asyncio.run(scenario())
+
+
+def test_a_running_lease_cuts_to_a_fence_as_it_goes_up_not_at_its_next_renewal(
+        store: ClusterStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front watches the fences (``ClusterStore.watch_fences``) and renews at once; renewals are otherwise a
+    second apart, here a minute, so only the watch can make the cut within the test's wait."""
+    monkeypatch.setattr(lease_module, "RENEW_EVERY", 60.0)
+
+    async def scenario() -> None:
+        front = Front(store)
+        renewing = asyncio.create_task(front.lease.run())
+        try:
+            await _until(lambda: store.leases().get(0, (0, 0))[0] == CLOCK + LEASE_MS)
+            fence = store.fence(0, CLOCK + 400)
+            await _until(lambda: _zookeeper_lease(store)[0] == CLOCK + 400)
+            assert front.lease.until == CLOCK + 400
+            front.now = CLOCK + 100
+            store.unfence(fence)  # down again: the lease reaches ahead again at once too
+            await _until(lambda: _zookeeper_lease(store)[0] == CLOCK + 100 + LEASE_MS)
+        finally:
+            renewing.cancel()
+
+    asyncio.run(scenario())
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Wait for ``condition`` (read from ZooKeeper, off the loop) to hold; fail after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not await asyncio.to_thread(condition):
+            await asyncio.sleep(0.01)
 
 
 def _tick(number: int) -> Tick:
