@@ -28,7 +28,7 @@ from flamestream.client import Client
 from flamestream.cluster import ClusterStore, SnapshotsSeen
 from flamestream.core.front import Stamped, stamp_inputs
 from flamestream.core.local import Handover, LocalRuntime
-from flamestream.core.meta import GlobalTime, boundary_name
+from flamestream.core.meta import GlobalTime, boundary_name, boundary_of
 from flamestream.core.oracle import oracle_state
 from flamestream.core.tick import Layout
 from flamestream.core.worker import WorkerState, merge_states
@@ -48,7 +48,7 @@ from flamestream.storage.input_log import (
     write_checkpoint,
 )
 from flamestream.storage.log import LogError, SegmentedLog
-from flamestream.storage.snapshots import read_snapshot, snapshot_path, write_snapshot
+from flamestream.storage.snapshots import MAX_CHAIN, read_snapshot, snapshot_path, write_snapshot
 from flamestream.workers.service import WorkerService, _catch_up
 from tests.test_handover import flatten
 from tests.test_handover_cluster import Pusher, lines
@@ -614,18 +614,23 @@ def test_retention_on_a_cluster_and_a_replay_from_the_oldest_retained_snapshot(
     segments = sorted(int(p.stem) for p in log_dir.glob("*.log"))
     mirrored = sorted(int(p.stem) for p in (tmp_path / "mirror" / "input" / "front-0").glob("*.log"))
     assert segments[0] == gone.start and len(mirrored) > len(segments)  # old segments are gone ...
-    dirs = snapshot_dirs(data)
-    assert 2 <= len(dirs) <= 4, [p.name for p in dirs]  # ... and old snapshots (K=2, plus ones being written)
-    boundaries = [tuple(map(int, p.name.split("-"))) for p in dirs]
-    assert boundaries[0] > (gone.last.ts, gone.last.front)  # the log still covers the oldest retained snapshot
-
     expected = run_oracle(wordcount.graph(), read_input_logs(tmp_path / "mirror"))[0]
     got = consume_everything(zookeeper, cluster, len(expected))
     assert as_multiset(got) == as_multiset(expected)  # retention changed nothing in the output
 
     assert cli("down", "--data-dir", str(data)).returncode == 0  # nothing moves any more
-    oldest = next(p for p in dirs if (p / "worker-0.snap").exists() and (p / "worker-1.snap").exists())
-    at = GlobalTime(*map(int, oldest.name.split("-")))
+    dirs = snapshot_dirs(data)
+    # ... and old snapshots: K=2, ones being written, and the files the kept ones build on (deltas), each loadable
+    assert 2 <= len(dirs) <= 4 + MAX_CHAIN, [p.name for p in dirs]
+    for file in (data / "snapshots").rglob("*.snap"):
+        read_snapshot(file)
+    with ClusterStore(zookeeper, cluster) as store:
+        oldest_name = store.oldest_complete_snapshot()
+    assert oldest_name is not None
+    at = boundary_of(oldest_name)
+    last_gone = truncation(log_dir).last
+    assert last_gone is not None and at > last_gone  # the log still covers the oldest retained snapshot
+    oldest = data / "snapshots" / oldest_name
     # Periodic snapshots are written from the changes since the previous one: still the oracle's state below it.
     carried = merge_states(read_snapshot(oldest / f"worker-{i}.snap")[1] for i in range(2))
     assert flatten(carried) == oracle_state(wordcount.graph(), read_input_logs(tmp_path / "mirror"), at)

@@ -57,8 +57,10 @@ from flamestream.storage.snapshots import (
     SnapshotError,
     SnapshotImage,
     SnapshotInfo,
+    base_path,
     read_snapshot,
     read_snapshot_frozen,
+    read_snapshot_header,
     snapshot_dir,
     snapshot_path,
     write_snapshot,
@@ -149,6 +151,42 @@ def _catch_up(graph: dict[str, Any], state: WorkerState, start: GlobalTime, stop
     return core.snapshot(stop), len(events)
 
 
+def _needed(data_dir: Path, kept: list[GlobalTime]) -> set[Path]:
+    """The files of the ``kept`` snapshots in ``data_dir`` (every worker's there, on a shared disk) and every file
+    they build on: their chains of bases (``SnapshotInfo.base``), read from the headers.  A file whose header does
+    not read cannot be loaded, and builds on nothing."""
+    needed: set[Path] = set()
+    for boundary in kept:
+        for path in snapshot_dir(data_dir, boundary).glob("worker-*.snap"):
+            while path not in needed:
+                needed.add(path)
+                try:
+                    base = read_snapshot_header(path).base
+                except SnapshotError:
+                    break
+                if base is None:
+                    break
+                path = base_path(path, base)
+    return needed
+
+
+def _prune(directory: Path, needed: set[Path]) -> None:
+    """Remove the snapshot directory ``directory``, or, if a ``needed`` file is in it, everything else in it."""
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return
+    if not any(entry in needed for entry in entries):
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    for entry in entries:
+        if entry not in needed:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
 def _write_image(image: SnapshotImage, spent: list[float], path: Path, *, boundary: GlobalTime, worker: int,
                  tick: int) -> SnapshotInfo:
     """Write ``image`` in the writer's thread; the thread's CPU seconds for it are appended to ``spent``."""
@@ -162,10 +200,11 @@ def snapshot_stride(cpu: float, interval: float, share: float, current: int, cap
     """Every how many snapshot boundaries (``interval`` seconds apart) to take a periodic snapshot, now that the
     last one, taken at stride ``current``, cost ``cpu`` seconds: the smallest power of two that keeps snapshots
     within ``share`` of the CPU, at most ``cap``.  Lowered only as far as twice the cost would
-    still fit: a snapshot's cost hardly shrinks with the stride (the same keys change, and the file is whole),
-    and without that margin the stride flipped between 4 and 8 (then the cap) at every snapshot.
+    still fit: a snapshot's cost hardly shrinks with the stride (the same keys change, and every few snapshots the
+    file is whole again), and without that margin the stride flipped between 4 and 8 (then the cap) at every
+    snapshot.
 
-    Why: a snapshot file is the whole state, and what changed in a second
+    Why: every few snapshots a file is the whole state (``SnapshotImage.write``), and what changed in a second
     is encoded again whole per key: an inverted index's posting lists grow
     with its input, and seven minutes into a run at 20 pages/s snapshots
     every second took 43 % of a worker's node, holding the interpreter
@@ -629,6 +668,11 @@ class WorkerService(rpc.WorkerServicer):
         their input logs from the oldest complete snapshot registered.  Then
         directories below the oldest kept boundary that no registration names
         (a worker that stopped between writing and registering) go too.
+
+        A kept snapshot may be a delta (``SnapshotImage.write``): its files
+        build on older ones, back to their roots.  So the registrations go,
+        but the files a kept one builds on stay (``_needed``), each alone in
+        its directory.
         """
         assert self.store is not None and self.data_dir is not None
         seen_tick, seen = self._complete_seen
@@ -639,6 +683,7 @@ class WorkerService(rpc.WorkerServicer):
         if len(complete) < self.snapshot_retention:
             return
         oldest_kept = complete[-self.snapshot_retention]
+        needed = _needed(self.data_dir, complete[-self.snapshot_retention:])
         doomed = [(tick.number, b, own[b]) for b in own if boundary_of(b) < oldest_kept]
         for number in range(self._swept_ticks, tick.number):
             doomed += [(number, b, r) for b, r in self.store.registered_snapshots(number).items()]
@@ -648,7 +693,7 @@ class WorkerService(rpc.WorkerServicer):
         kept = {b for b in own if boundary_of(b) >= oldest_kept}
         for number, boundary, registrants in doomed:
             if boundary not in kept:
-                shutil.rmtree(snapshot_dir(self.data_dir, boundary_of(boundary)), ignore_errors=True)
+                _prune(snapshot_dir(self.data_dir, boundary_of(boundary)), needed)
             self.store.forget_snapshot(number, boundary, registrants)
         self._swept_ticks = max(self._swept_ticks, tick.number)
         with contextlib.suppress(FileNotFoundError):
@@ -658,7 +703,7 @@ class WorkerService(rpc.WorkerServicer):
                 except ValueError:
                     continue
                 if below:
-                    shutil.rmtree(directory, ignore_errors=True)
+                    _prune(directory, needed)
 
     # -- processing --------------------------------------------------------------------------------------------
 
