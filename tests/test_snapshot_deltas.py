@@ -13,9 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flamestream.cluster import ClusterStore
 from flamestream.core.grouping import Entries
-from flamestream.core.meta import GlobalTime
+from flamestream.core.meta import GlobalTime, boundary_name
+from flamestream.core.tick import Layout, Tick
 from flamestream.core.worker import WorkerState
+from flamestream.runtime.channels import LocalEndpoints
+from flamestream.storage import snapshots
 from flamestream.storage.snapshots import (
     CHAIN_SHARE,
     MAX_CHAIN,
@@ -29,7 +33,8 @@ from flamestream.storage.snapshots import (
     snapshot_path,
     write_snapshot,
 )
-from flamestream.workers.service import _needed, _prune
+from flamestream.workers import service as service_module
+from flamestream.workers.service import WorkerService, _needed, _prune
 from tests.test_snapshots import by_key
 
 Model = dict[str, dict[Any, tuple[int, Entries]]]
@@ -182,3 +187,114 @@ def test_retention_keeps_the_chains_of_the_kept_snapshots_and_nothing_else(tmp_p
         for worker in (0, 1):
             assert read_snapshot(snapshot_path(tmp_path, at, worker))[0].boundary == at
     assert base_path(snapshot_path(tmp_path, GlobalTime(7, 0), 1), GlobalTime(3, 0)) in needed
+
+
+def _recovery_tick(number: int) -> Tick:
+    return Tick(number=number, start=GlobalTime(8000, 0), graph={}, layout=Layout.even(2), workers=("w:1", "w:2"),
+                fronts=(0,), acker="a:1", barriers=((0, "b:1"),))
+
+
+def test_retention_leaves_a_file_above_the_oldest_kept_that_a_worker_has_not_registered_yet(
+        tmp_path: Path, zookeeper: str, cluster_name: str) -> None:
+    """A recovery tick writes into the directories of boundaries its crashed predecessor reached (which registered
+    them, one worker alone).  Its worker 0 has written its delta at 11 and not registered it yet when worker 1's
+    retention forgets the old tick's registrations: the file stays, and the deltas built on it stay loadable."""
+    at = [GlobalTime(s * 1000, 0) for s in range(14)]
+
+    def state(version: int) -> WorkerState:
+        return {"g": [(k, k, _entries(version, 1)) for k in range(20)]}
+
+    with ClusterStore(zookeeper, cluster=cluster_name) as store:
+        for worker in (0, 1):  # the crashed tick 1: complete at 8, then worker 0 alone at 11
+            write_snapshot(snapshot_path(tmp_path, at[8], worker), state(8), boundary=at[8], worker=worker, tick=1)
+            store.register_snapshot(1, boundary_name(at[8]), worker, {})
+        write_snapshot(snapshot_path(tmp_path, at[11], 0), state(11), boundary=at[11], worker=0, tick=1)
+        store.register_snapshot(1, boundary_name(at[11]), 0, {})
+        images = [SnapshotImage(), SnapshotImage()]
+
+        def write(worker: int, s: int, register: bool = True) -> SnapshotInfo:
+            images[worker].update({"g": [(s, s, _entries(s, 1))]})
+            info = images[worker].write(snapshot_path(tmp_path, at[s], worker), boundary=at[s], worker=worker, tick=2)
+            if register:
+                store.register_snapshot(2, boundary_name(at[s]), worker, {})
+            return info
+
+        for image in images:
+            image.update(state(8))
+        for s in (9, 10):
+            for worker in (0, 1):
+                write(worker, s)
+        assert write(0, 11, register=False).base == at[10]
+        workers = [WorkerService(i, LocalEndpoints(), store, tmp_path, snapshot_retention=2) for i in (0, 1)]
+        workers[1]._retain(_recovery_tick(2))
+        store.register_snapshot(2, boundary_name(at[11]), 0, {})
+        write(1, 11)
+        for s in (12, 13):
+            for worker in (0, 1):
+                write(worker, s)
+        workers[0]._retain(_recovery_tick(2))
+        kept = store.complete_snapshots(2, 2)
+    assert kept == [boundary_name(at[12]), boundary_name(at[13])]
+    for name in kept:
+        for worker in (0, 1):
+            assert read_snapshot(tmp_path / "snapshots" / name / f"worker-{worker}.snap")[0].keys == 20
+    assert not snapshot_dir(tmp_path, at[8]).exists()  # below every chain: gone
+
+
+def test_retention_deletes_nothing_while_a_kept_files_header_does_not_read(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header that does not read (a file descriptor short, a bad sector) hides what the file builds on: nothing
+    goes that round.  One that is gone for good builds on nothing."""
+    image = _image_of(20)
+    for n in (1, 2, 3):
+        image.update({"g": [(n, n, _entries(n, 1))]})
+        _write(image, tmp_path, n)
+    real = service_module.read_snapshot_header
+
+    def short_of_descriptors(path: Path) -> SnapshotInfo:
+        if path.parent.name == boundary_name(GlobalTime(2, 0)):
+            raise SnapshotError(f"snapshot {path} cannot be read") from OSError(24, "Too many open files")
+        return real(path)
+
+    monkeypatch.setattr(service_module, "read_snapshot_header", short_of_descriptors)
+    with pytest.raises(SnapshotError, match="cannot be read"):
+        _needed(tmp_path, [GlobalTime(3, 0)])
+    monkeypatch.setattr(service_module, "read_snapshot_header", real)
+    snapshot_path(tmp_path, GlobalTime(1, 0), 0).unlink()
+    assert _needed(tmp_path, [GlobalTime(3, 0)]) == {snapshot_path(tmp_path, GlobalTime(n, 0), 0) for n in (1, 2, 3)}
+
+
+def test_keys_that_do_not_equal_themselves_are_written_whole_and_a_wrong_chain_is_refused(tmp_path: Path) -> None:
+    """A key with a NaN in it is found by a reader by equality, which it fails: its changes go into a whole file.
+    And a chain whose sum differs from its header's counts is refused rather than loaded."""
+    nan_key = (7, float("nan"))
+    image = SnapshotImage()
+    image.update({"g": [(1, nan_key, _entries(1, 1)), (2, "plain", _entries(1, 1))]})
+    _write(image, tmp_path, 1)
+    image.update({"g": [(1, nan_key, _entries(2, 2))]})
+    path, info = _write(image, tmp_path, 2)
+    assert info.base is None
+    state = read_snapshot(path)[1]["g"]
+    assert len(state) == 2 and [len(entries) for _h, key, entries in state if key != "plain"] == [2]
+    image.update({"g": [(2, "plain", _entries(3, 1))]})
+    delta, info = _write(image, tmp_path, 3)
+    assert info.base == GlobalTime(2, 0)
+    assert len(read_snapshot(delta)[1]["g"]) == 2  # the NaN key's bucket once: whole files read as written
+
+
+@pytest.mark.parametrize("header", [
+    b'{"version": 5, "boundary": [1, 0], "worker": 0, "tick": 0, "keys": 0, "items": 0, "body_bytes": 0, '
+    b'"sha256": "", "root": [Infinity, 0]}',
+    b'{"version": 5, "boundary": [1, 0], "worker": 0, "tick": 0, "keys": 0, "items": 0, "body_bytes": 0, '
+    b'"sha256": "", "base": {"boundary": [0, 0], "sha256": 5}}',
+    b'{"version": ' + b"[" * 1500 + b"]" * 1500 + b"}",
+    b'{"version": "' + b"x" * 5000 + b'"}',
+])
+def test_a_crafted_header_is_a_snapshot_error_for_retention_and_readers(tmp_path: Path, header: bytes) -> None:
+    path = snapshot_path(tmp_path, GlobalTime(1, 0), 0)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(snapshots.MAGIC + header + b"\n")
+    with pytest.raises(SnapshotError, match="damaged header"):
+        read_snapshot_header(path)
+    with pytest.raises(SnapshotError, match=r"damaged header|has format version x"):  # read whole, the long one
+        read_snapshot(path)

@@ -153,8 +153,9 @@ def _catch_up(graph: dict[str, Any], state: WorkerState, start: GlobalTime, stop
 
 def _needed(data_dir: Path, kept: list[GlobalTime]) -> set[Path]:
     """The files of the ``kept`` snapshots in ``data_dir`` (every worker's there, on a shared disk) and every file
-    they build on: their chains of bases (``SnapshotInfo.base``), read from the headers.  A file whose header does
-    not read cannot be loaded, and builds on nothing."""
+    they build on: their chains of bases (``SnapshotInfo.base``), read from the headers.  SnapshotError if a header
+    on the way does not read: damaged for good or only for a moment (a file descriptor short), what it builds on is
+    not known, and nothing may go this round."""
     needed: set[Path] = set()
     for boundary in kept:
         for path in snapshot_dir(data_dir, boundary).glob("worker-*.snap"):
@@ -162,8 +163,10 @@ def _needed(data_dir: Path, kept: list[GlobalTime]) -> set[Path]:
                 needed.add(path)
                 try:
                     base = read_snapshot_header(path).base
-                except SnapshotError:
-                    break
+                except SnapshotError as exc:
+                    if isinstance(exc.__cause__, FileNotFoundError):
+                        break  # gone for good (an older round took it): nothing is left to keep for it
+                    raise
                 if base is None:
                     break
                 path = base_path(path, base)
@@ -672,7 +675,11 @@ class WorkerService(rpc.WorkerServicer):
         A kept snapshot may be a delta (``SnapshotImage.write``): its files
         build on older ones, back to their roots.  So the registrations go,
         but the files a kept one builds on stay (``_needed``), each alone in
-        its directory.
+        its directory.  Only directories below the oldest kept boundary are
+        pruned, an older tick's too: above it, this tick's workers may have
+        written a file they have not registered yet (a recovery tick writes
+        into the directories of boundaries its crashed predecessor reached),
+        and the next deltas build on it.
         """
         assert self.store is not None and self.data_dir is not None
         seen_tick, seen = self._complete_seen
@@ -683,19 +690,17 @@ class WorkerService(rpc.WorkerServicer):
         if len(complete) < self.snapshot_retention:
             return
         oldest_kept = complete[-self.snapshot_retention]
-        needed = _needed(self.data_dir, complete[-self.snapshot_retention:])
         doomed = [(tick.number, b, own[b]) for b in own if boundary_of(b) < oldest_kept]
         for number in range(self._swept_ticks, tick.number):
             doomed += [(number, b, r) for b, r in self.store.registered_snapshots(number).items()]
-        # A directory is per boundary, not per tick: a recovery tick starting at T writes the boundaries after T
-        # that its crashed predecessor may have written too, into the same directory.  Forgetting the old tick's
-        # registration must not delete the files this tick keeps there.
-        kept = {b for b in own if boundary_of(b) >= oldest_kept}
         for number, boundary, registrants in doomed:
-            if boundary not in kept:
-                _prune(snapshot_dir(self.data_dir, boundary_of(boundary)), needed)
             self.store.forget_snapshot(number, boundary, registrants)
         self._swept_ticks = max(self._swept_ticks, tick.number)
+        try:
+            needed = _needed(self.data_dir, complete[-self.snapshot_retention:])
+        except SnapshotError as exc:
+            self.log.warning("retention deletes no snapshot file this time: %s", exc)
+            return
         with contextlib.suppress(FileNotFoundError):
             for directory in (self.data_dir / "snapshots").iterdir():
                 try:

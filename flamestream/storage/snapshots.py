@@ -69,6 +69,10 @@ class SnapshotError(Exception):
     """A snapshot file is missing, truncated, corrupted or of an unknown format; the message names it."""
 
 
+_DAMAGE = (ValueError, TypeError, OverflowError, RecursionError)
+"""What reading crafted or damaged bytes raises besides: a size of ``Infinity``, a header nested thousands deep."""
+
+
 @dataclass(frozen=True)
 class SnapshotInfo:
     """What a snapshot file says about itself (its header)."""
@@ -304,13 +308,24 @@ class SnapshotImage:
         """The file the write of ``path`` at ``boundary`` may be a delta on, or None to write the whole image."""
         last = self._written
         if (last is None or not last.boundary < boundary or last.depth >= MAX_CHAIN
-                or last.path != base_path(path, last.boundary)):
+                or last.path != base_path(path, last.boundary)
+                or not all(map(_self_equal, (key for dirty in self._dirty.values() for key in dirty)))):
             return None
         changed = 0
         for name, dirty in self._dirty.items():
             image = self._groupings[name]
             changed += sum(image[key].row[3] for key in dirty if key in image)
         return last if last.chain_bytes + changed <= CHAIN_SHARE * self._bytes else None
+
+
+def _self_equal(key: Hashable) -> bool:
+    """Whether ``key`` equals itself once decoded: a NaN in it does not, so a delta could not replace or remove its
+    bucket (a reader finds a key by equality; the image by the very object) and such a key's changes go whole."""
+    if isinstance(key, str | int | bytes | None):
+        return True
+    if isinstance(key, tuple | frozenset):
+        return all(map(_self_equal, key))
+    return bool(key == key)
 
 
 class _Written(NamedTuple):
@@ -447,7 +462,7 @@ def _read_frozen(path: Path, depth: int) -> tuple[SnapshotInfo, Frozen]:
         if version < 3:
             return info, {name: _frozen(buckets, str(path)) for name, buckets in _state_of_chunks(body).items()}
         frozen, gone, digests = _frozen_of_body(data, start, str(path))
-    except (ValueError, TypeError) as exc:
+    except _DAMAGE as exc:
         if version < 4:
             raise SnapshotError(f"snapshot {path} has a damaged body: {exc}") from exc
         raise SnapshotError(f"snapshot {path} is corrupted: its body does not parse ({exc})") from exc
@@ -485,6 +500,11 @@ def _on_base(path: Path, info: SnapshotInfo, sha256: str, frozen: Frozen, gone: 
             state[name] = list(buckets.values())
     except TypeError as exc:  # a key that is no hashable value: only a crafted file has one
         raise SnapshotError(f"snapshot {path} is corrupted: {exc}") from exc
+    keys = sum(map(len, state.values()))
+    items = sum(bucket.row[2] for buckets in state.values() for bucket in buckets)
+    if (keys, items) != (info.keys, info.items):
+        raise SnapshotError(f"snapshot {path} is corrupted: its chain adds up to {keys} keys and {items} items, "
+                            f"its header says {info.keys} and {info.items}")
     return state
 
 
@@ -522,6 +542,8 @@ def read_snapshot_header(path: Path) -> SnapshotInfo:
             head = file.read(HEADER_LIMIT)
     except OSError as exc:
         raise SnapshotError(f"snapshot {path} cannot be read: {exc}") from exc
+    if len(head) == HEADER_LIMIT and b"\n" not in head[len(MAGIC):]:
+        raise SnapshotError(f"snapshot {path} has a damaged header: longer than {HEADER_LIMIT} bytes")
     return _header(path, head)[0]
 
 
@@ -549,6 +571,6 @@ def _header(path: Path, data: bytes) -> tuple[SnapshotInfo, dict[str, Any], int]
                             base=None if base is None else GlobalTime(*map(int, base["boundary"])))
         if base is not None and not isinstance(base["sha256"], str):  # what ``_on_base`` compares
             raise TypeError(f"a base checksum {base['sha256']!r}")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (KeyError, *_DAMAGE) as exc:
         raise SnapshotError(f"snapshot {path} has a damaged header: {exc!r}") from exc
     return info, fields, header_end + 1
