@@ -36,10 +36,11 @@ from flamestream.cluster import ClusterStore
 from flamestream.core.tick import Tick
 from flamestream.runtime.logs import role_logger
 
-LEASE_MS = 6000
-"""How far ahead of the clock a front may stamp on one renewal: the ZooKeeper outage it rides out.  It must stay
-well below the session timeout (``ClusterStore``'s 10 s): a front cut off from ZooKeeper loses its ephemeral lease
-when its session expires, and by then the lease must have run out."""
+LEASE_MS = 7000
+"""How far ahead of the clock a front may stamp on one renewal: renewed every ``RENEW_EVERY``, at least 6 s are left
+when ZooKeeper goes away, the outage it rides out.  It must stay well below the session timeout (``ClusterStore``'s
+10 s): a front cut off from ZooKeeper loses its ephemeral lease when its session expires, and by then the lease must
+have run out."""
 RENEW_EVERY = 1.0
 """Seconds between renewals: a lease never runs out while ZooKeeper answers (it reaches ``LEASE_MS`` ahead).  A fence
 does not wait for the next one: the front watches the fences and renews as one goes up.
