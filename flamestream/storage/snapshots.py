@@ -22,13 +22,13 @@ file took 0.09 s of the 0.21 s a write of an 80 MB index cost, every time.
 Since format 5 a periodic snapshot may be a *delta*: only the buckets that
 changed since the worker's previous file, and the keys that left, on top of
 that file (its *base*, named in the header by boundary and checksum; the
-chain ends at a whole file, its *root*).  A reader follows the chain
+chain ends at a whole file).  A reader follows the chain
 (``read_snapshot_frozen``), checking that each base is the very file the
 delta was written on.  Why: a whole file rewrote the whole state every
 second — 10 MB and 20 ms of a core for the index's 300 pages, 49 MB and
 40-56 ms at 3,000 — where a second changes a few thousand buckets.  A chain
 stays short (``MAX_CHAIN``, ``CHAIN_SHARE``), and retention keeps every file
-a kept snapshot builds on (``read_snapshot_header``'s ``root``).
+a kept snapshot builds on (``read_snapshot_header``'s ``base``, file by file).
 
 Layout: ``DIR/snapshots/<boundary ts>-<boundary front>/worker-<i>.snap``; a delta's base is the same worker's file
 of the base boundary, ``DIR/snapshots/<base boundary>/worker-<i>.snap``.
@@ -56,12 +56,12 @@ VERSION = 5
 READABLE = (1, 2, 3, 4, 5)
 """Format versions this build reads: 1 checksummed the body only, 2 also the header's fields, 3 writes an index of
 each grouping's keys and sizes before their entries (``FrozenBucket``), 4 checksums each part's checksum instead
-of the body's bytes, 5 may be a delta on a base (the header's ``base`` and ``root``; a row of no items and no
+of the body's bytes, 5 may be a delta on a base (the header's ``base``; a row of no items and no
 bytes is a key that left)."""
 MAX_CHAIN = 8
-"""At most this many deltas between a snapshot and its whole root: a recovery reads them all."""
+"""At most this many deltas between a snapshot and the whole file its chain starts at: a recovery reads them all."""
 CHAIN_SHARE = 1.0
-"""A delta is written while the deltas since the root add up to at most this share of the whole state's bytes:
+"""A delta is written while the deltas since the whole file add up to at most this share of the whole state's bytes:
 past it, reading the chain costs more than a whole file would, and the whole file is written again."""
 
 
@@ -85,8 +85,6 @@ class SnapshotInfo:
     items: int
     body_bytes: int
     sha256: str
-    root: GlobalTime
-    """The boundary of the whole file its chain of bases starts at (its own, for a whole file)."""
     base: GlobalTime | None = None
     """The boundary of the file it is a delta on (``base_path``), or None: it is whole."""
 
@@ -288,20 +286,17 @@ class SnapshotImage:
             digests.extend(map(_DIGEST, buckets))
         body_bytes = sum(map(len, parts))
         keys = sum(map(len, self._groupings.values()))
-        root = boundary if base is None else base.root
         fields: dict[str, Any] = {"version": VERSION, "boundary": list(boundary), "worker": worker, "tick": tick,
                                   "keys": keys, "items": self._items, "body_bytes": body_bytes,
                                   "base": None if base is None else {"boundary": list(base.boundary),
-                                                                     "sha256": base.sha256},
-                                  "root": list(root)}
+                                                                     "sha256": base.sha256}}
         fields["sha256"] = _checksum(fields, (b"".join(digests),))
         write_durably(path, MAGIC + json.dumps(fields).encode() + b"\n", *parts)
         self._dirty = {}
-        self._written = (_Written(path, boundary, fields["sha256"], root, 0, 0) if base is None else
-                         _Written(path, boundary, fields["sha256"], root, base.depth + 1,
-                                  base.chain_bytes + body_bytes))
+        self._written = (_Written(path, boundary, fields["sha256"], 0, 0) if base is None else
+                         _Written(path, boundary, fields["sha256"], base.depth + 1, base.chain_bytes + body_bytes))
         return SnapshotInfo(boundary=boundary, worker=worker, tick=tick, keys=keys, items=self._items,
-                            body_bytes=body_bytes, sha256=fields["sha256"], root=root,
+                            body_bytes=body_bytes, sha256=fields["sha256"],
                             base=None if base is None else base.boundary)
 
     def _base(self, path: Path, boundary: GlobalTime) -> _Written | None:
@@ -334,9 +329,8 @@ class _Written(NamedTuple):
     path: Path
     boundary: GlobalTime
     sha256: str
-    root: GlobalTime
     depth: int
-    """Deltas between it and its root (0: it is whole)."""
+    """Deltas between it and the whole file its chain starts at (0: it is whole)."""
     chain_bytes: int
     """Body bytes of those deltas."""
 
@@ -536,7 +530,7 @@ HEADER_LIMIT = 4096
 
 def read_snapshot_header(path: Path) -> SnapshotInfo:
     """The header of the snapshot at ``path``, without reading (or checking) its body: for retention, which needs
-    each kept file's ``root``.  SnapshotError if the file cannot be read or its header is damaged."""
+    each kept file's ``base``.  SnapshotError if the file cannot be read or its header is damaged."""
     try:
         with path.open("rb") as file:
             head = file.read(HEADER_LIMIT)
@@ -562,12 +556,10 @@ def _header(path: Path, data: bytes) -> tuple[SnapshotInfo, dict[str, Any], int]
         if fields["version"] not in READABLE:
             raise SnapshotError(f"snapshot {path} has format version {fields['version']}; this build reads "
                                 f"{', '.join(map(str, READABLE))}")
-        boundary = GlobalTime(*map(int, fields["boundary"]))
         base = fields.get("base")
-        info = SnapshotInfo(boundary=boundary, worker=int(fields["worker"]),
+        info = SnapshotInfo(boundary=GlobalTime(*map(int, fields["boundary"])), worker=int(fields["worker"]),
                             tick=int(fields["tick"]), keys=int(fields["keys"]), items=int(fields["items"]),
                             body_bytes=int(fields["body_bytes"]), sha256=str(fields["sha256"]),
-                            root=GlobalTime(*map(int, fields["root"])) if "root" in fields else boundary,
                             base=None if base is None else GlobalTime(*map(int, base["boundary"])))
         if base is not None and not isinstance(base["sha256"], str):  # what ``_on_base`` compares
             raise TypeError(f"a base checksum {base['sha256']!r}")
