@@ -292,9 +292,13 @@ class ClusterStore:
         per role now; until ``stop()``.  A member's info changes only by its node being created again (a restart
         replacing its predecessor, a registration after an expired session), so that is a change too."""
         for role in SERVICE_ROLES:
-            path = self._role_path(role)
-            self._zk.ensure_path(path)
-            self._zk.ChildrenWatch(path, lambda _names: callback())
+            self._watch_children(self._role_path(role), callback)
+
+    def _watch_children(self, path: str, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from kazoo's event thread) now and whenever ``path`` gains or loses a child; until
+        ``stop()``.  The path is made first: kazoo's watch of a node that does not exist ends at once."""
+        self._zk.ensure_path(path)
+        self._zk.ChildrenWatch(path, lambda _names: callback())
 
     def wait_for_members(self, role: str, count: int, timeout: float) -> dict[str, dict[str, Any]]:
         """Block until at least ``count`` members of ``role`` are registered, then return them all.
@@ -466,8 +470,7 @@ class ClusterStore:
     def watch_fences(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` (from kazoo's event thread) now and whenever a fence goes up or comes down; until
         ``stop()``.  A front renews its lease at once then (``flamestream.fronts.lease``) instead of polling."""
-        self._zk.ensure_path(f"{self.base}/fences")
-        self._zk.ChildrenWatch(f"{self.base}/fences", lambda _names: callback())
+        self._watch_children(f"{self.base}/fences", callback)
 
     # -- load statistics -----------------------------------------------------
 
@@ -505,8 +508,7 @@ class ClusterStore:
     def watch_pressure(self, callback: Callable[[dict[str, str]], None]) -> None:
         """Call ``callback(self.pressure())`` (from kazoo's event thread) now and whenever a worker goes over its
         memory budget or back under it; until ``stop()``."""
-        self._zk.ensure_path(f"{self.base}/pressure")
-        self._zk.ChildrenWatch(f"{self.base}/pressure", lambda _names: callback(self.pressure()))
+        self._watch_children(f"{self.base}/pressure", lambda: callback(self.pressure()))
 
     def _put_ephemeral(self, path: str, data: bytes) -> None:
         try:

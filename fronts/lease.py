@@ -45,8 +45,8 @@ RENEW_EVERY = 1.0
 """Seconds between renewals: a lease never runs out while ZooKeeper answers (it reaches ``LEASE_MS`` ahead).  A fence
 does not wait for the next one: the front watches the fences and renews as one goes up.
 
-Why not renew more often: each renewal is three ZooKeeper requests (the fences, the lease, the ticks), about a
-millisecond of ZooKeeper's CPU each and a few thread hand-offs in the front's node.  Every 0.25 s, polling for
+Why not renew more often: each renewal is three ZooKeeper requests (the fences, the lease, the ticks), 0.4-0.8 ms
+of ZooKeeper's CPU each and a few thread hand-offs in the front's node.  Every 0.25 s, polling for
 fences, they were most of an idle cluster's ZooKeeper load and a third of its front node's CPU (README,
 *Performance*)."""
 
