@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -127,6 +128,57 @@ def test_record_batches_are_the_bytes_protobuf_would_write(partition: int,
         flamestream_pb2.Record(partition=partition, offset=offset, time=flamestream_pb2.GlobalTime(ts=ts, front=front),
                                payload=data) for offset, ts, front, data in records])
     assert columns.record_batch(partition, stored) == expected.SerializeToString()
+
+
+def _protobufs_fields(data: bytes) -> list[tuple[int, int, int, int, bytes]] | None:
+    """What protobuf reads of a ``RecordBatch``, as ``columns.record_fields`` gives it; None if it refuses the bytes."""
+    try:
+        batch = flamestream_pb2.RecordBatch.FromString(data)
+    except DecodeError:
+        return None
+    return [(m.partition, m.offset, m.time.ts, m.time.front, m.payload) for m in batch.records]
+
+
+_record_st = st.tuples(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**63), 2**63 - 1),
+                       st.integers(-(2**63), 2**63 - 1), st.integers(-(2**31), 2**31 - 1), st.binary(max_size=200))
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(_record_st, max_size=6), cut=st.integers(0, 2000), flip=st.integers(0, 2000),
+       junk=st.binary(max_size=40))
+@example(records=[(0, 0, 0, 0, b"")], cut=2000, flip=2000, junk=b"")
+def test_record_fields_read_what_protobuf_reads_or_leave_the_bytes_to_it(
+        records: list[tuple[int, int, int, int, bytes]], cut: int, flip: int, junk: bytes) -> None:
+    """A consumer reads the form a barrier writes with ``columns.record_fields`` and anything else with protobuf: on
+    any bytes — protobuf's own serialization of any records, cut short, a byte flipped, junk after — it gives what
+    protobuf reads or None, never something else and never an error; and protobuf's serialization of records with
+    no negative number is never left to protobuf."""
+    data = flamestream_pb2.RecordBatch(records=[
+        flamestream_pb2.Record(partition=p, offset=o, time=flamestream_pb2.GlobalTime(ts=ts, front=f), payload=b)
+        for p, o, ts, f, b in records]).SerializeToString()
+    fields = columns.record_fields(data)
+    assert fields == _protobufs_fields(data) or fields is None
+    if all(min(p, o, ts, f) >= 0 for p, o, ts, f, _b in records):
+        assert fields == _protobufs_fields(data)
+    flipped = bytes(b ^ 0x5A if i == flip % max(len(data), 1) else b for i, b in enumerate(data))
+    for damaged in (data[:cut], flipped, data + junk, junk):
+        read = columns.record_fields(damaged)
+        assert read is None or read == _protobufs_fields(damaged)
+
+
+@pytest.mark.parametrize("record", [
+    b"\x1a\x05\x08\x01\x22\x01X",  # the time holds an unknown field 4, shaped like a payload, and the record none
+    b"\x22\x01A\x0a\x00",  # after the payload, field 1 again with the wrong wire type: unknown to protobuf
+    b"\x10\x01\x08\x02",  # the offset before the partition
+    b"\x08\x01\x08\x02",  # the partition twice: protobuf keeps the last
+    b"\x28\x07\x22\x01A",  # an unknown field first
+])
+def test_a_record_in_another_form_is_left_to_protobuf(record: bytes) -> None:
+    """Valid ``RecordBatch`` bytes that no barrier writes — fields out of order, repeated or unknown — are protobuf's to
+    read: ``record_fields`` gives None for them (where it gave anything, it would have to be protobuf's reading)."""
+    data = b"\x0a" + columns.varint(len(record)) + record
+    assert _protobufs_fields(data) is not None
+    assert columns.record_fields(data) is None
 
 
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 2**31 - 1, 2**63 - 1, -1, -(2**31), -(2**63)])
