@@ -221,27 +221,16 @@ class SnapshotImage:
             whole: list[tuple[int, Hashable, Entries]] = []
             large: list[tuple[tuple[int, Hashable, Entries], FrozenBucket]] = []
             for bucket in buckets:
-                key = bucket[1]
-                dirty[key] = bucket[0]
-                old = image.get(key)
-                if old is None:
-                    if bucket[2]:
-                        whole.append(bucket)
-                    continue
-                self._items -= old.row[2]  # what it replaces leaves the counts; the new encoding's enter below
-                self._bytes -= old.row[3]
+                dirty[bucket[1]] = bucket[0]
+                old = image.get(bucket[1])
+                self._drop(old)  # its counts leave here; ``_put`` counts the new encoding's
                 if not bucket[2]:
-                    del image[key]
-                elif len(old.body) >= SPLICE_ABOVE:
+                    image.pop(bucket[1], None)
+                elif old is not None and len(old.body) >= SPLICE_ABOVE:
                     large.append((bucket, old))
                 else:
                     whole.append(bucket)
-            # C-level loops over the new encodings (thousands each second), as in ``write``.
-            new = _frozen(whole, "") + self._spliced(large)
-            rows = list(map(_ROW, new))
-            image.update(zip(map(_KEY, rows), new, strict=True))
-            self._items += sum(map(_ITEMS, rows))
-            self._bytes += sum(map(_SIZE, rows))
+            self._put(image, _frozen(whole, "") + self._spliced(large))
 
     def _spliced(self, large: list[tuple[tuple[int, Hashable, Entries], FrozenBucket]]) -> list[FrozenBucket]:
         """The changed ``large`` buckets encoded with what is unchanged of each copied from its last encoding
@@ -268,13 +257,15 @@ class SnapshotImage:
         image = self._groupings.setdefault(name, {})
         self._dirty.setdefault(name, {})[bucket.row[1]] = bucket.row[0]
         self._drop(image.get(bucket.row[1]))
-        self._put(image, bucket)
+        self._put(image, [bucket])
 
-    def _put(self, image: dict[Hashable, FrozenBucket], bucket: FrozenBucket) -> None:
-        """Hold ``bucket`` for its key; the caller has taken what it replaces out of the counts."""
-        image[bucket.row[1]] = bucket
-        self._items += bucket.row[2]
-        self._bytes += bucket.row[3]
+    def _put(self, image: dict[Hashable, FrozenBucket], buckets: list[FrozenBucket]) -> None:
+        """Hold each of ``buckets`` for its key; the caller has taken what they replace out of the counts.  C-level
+        loops: an update puts thousands of buckets each second."""
+        rows = list(map(_ROW, buckets))
+        image.update(zip(map(_KEY, rows), buckets, strict=True))
+        self._items += sum(map(_ITEMS, rows))
+        self._bytes += sum(map(_SIZE, rows))
 
     def _drop(self, bucket: FrozenBucket | None) -> None:
         if bucket is not None:
@@ -285,16 +276,17 @@ class SnapshotImage:
         """Write the image durably and atomically to ``path``; returns its header.  A delta on the last file
         written when that file is this worker's at an earlier boundary and the chain stays short (``MAX_CHAIN``,
         ``CHAIN_SHARE``); the whole image otherwise."""
-        base = self._base(path, boundary)
+        delta = self._delta(path, boundary)
+        base = None if delta is None else delta[0]
         parts: list[bytes | memoryview] = []
         digests: list[bytes] = []
         for name, image in self._groupings.items():
-            if base is None:
+            if delta is None:
                 buckets = _with_row_codes(image, list(image.values()))
                 gone: list[tuple[int, Hashable, int, int]] = []
             else:
                 dirty = self._dirty.get(name, {})
-                buckets = _with_row_codes(image, list(filter(None, map(image.get, dirty))))  # a bucket is truthy
+                buckets = _with_row_codes(image, delta[1].get(name, []))
                 gone = [(dirty[key], key, 0, 0) for key in filterfalse(image.__contains__, dirty)]
             index = _index(name, buckets, gone)
             parts.append(index)
@@ -317,32 +309,34 @@ class SnapshotImage:
                             body_bytes=body_bytes, sha256=fields["sha256"],
                             base=None if base is None else base.boundary)
 
-    def _base(self, path: Path, boundary: GlobalTime) -> _Written | None:
-        """The file the write of ``path`` at ``boundary`` may be a delta on, or None to write the whole image."""
+    def _delta(self, path: Path, boundary: GlobalTime) -> tuple[_Written, dict[str, list[FrozenBucket]]] | None:
+        """The file the write of ``path`` at ``boundary`` may be a delta on and, by grouping, the buckets changed
+        since (the delta's), or None to write the whole image."""
         last = self._written
         if (last is None or not last.boundary < boundary or last.depth >= MAX_CHAIN
                 or last.path != base_path(path, last.boundary) or not self._dirty_self_equal()):
             return None
-        changed = sum(sum(map(_SIZE, map(_ROW, filter(None, map(self._groupings[name].get, dirty)))))
-                      for name, dirty in self._dirty.items())
-        return last if last.chain_bytes + changed <= CHAIN_SHARE * self._bytes else None
+        changed = {name: list(filter(None, map(self._groupings[name].get, dirty)))  # a bucket is truthy
+                   for name, dirty in self._dirty.items()}
+        size = sum(sum(map(_SIZE, map(_ROW, buckets))) for buckets in changed.values())
+        return (last, changed) if last.chain_bytes + size <= CHAIN_SHARE * self._bytes else None
 
     def _dirty_self_equal(self) -> bool:
         """Whether every key changed since the last write equals itself (``_self_equal``); at C level where they
-        are all strings, integers or bytes, as keys mostly are: this check and the chain's byte count, a Python call
-        per key each, took a fiftieth of a worker's CPU on the inverted index."""
+        are all strings, integers, bytes or None, as keys mostly are: this check and the chain's byte count, a
+        Python call per key each, took a fiftieth of a worker's CPU on the inverted index."""
         keys = list(chain.from_iterable(self._dirty.values()))
-        return set(map(type, keys)) <= _SIMPLE_KEYS or all(map(_self_equal, keys))
+        return set(map(type, keys)).issubset(_ALWAYS_EQUAL) or all(map(_self_equal, keys))
 
 
-_SIMPLE_KEYS = {str, int, bytes}
-"""Types whose values always equal themselves (``_self_equal``)."""
+_ALWAYS_EQUAL = (str, int, bytes, type(None))
+"""Types whose values always equal themselves once decoded."""
 
 
 def _self_equal(key: Hashable) -> bool:
     """Whether ``key`` equals itself once decoded: a NaN in it does not, so a delta could not replace or remove its
     bucket (a reader finds a key by equality; the image by the very object) and such a key's changes go whole."""
-    if isinstance(key, str | int | bytes | None):
+    if isinstance(key, _ALWAYS_EQUAL):
         return True
     if isinstance(key, tuple | frozenset):
         return all(map(_self_equal, key))
