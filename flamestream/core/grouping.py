@@ -349,9 +349,11 @@ class Grouping:
             return
         keep = self.window - 1
         items = bucket.items
-        below, n = 0, len(items)
-        while below < n and items[below][1] < min_time:  # a scan, not a bisect: it stops at the items it drops
-            below += 1
+        n = len(items)
+        below = n if n and items[-1][1] < min_time else 0  # all of them (in meta order): one comparison, not n
+        if not below:
+            while below < n and items[below][1] < min_time:  # a scan, not a bisect: it stops at the items it drops
+                below += 1
         drop = below - keep
         if drop > 0:
             del items[:drop], bucket.emitted[:drop]
