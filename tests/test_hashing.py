@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from flamestream.core.hashing import INT32_MAX, INT32_MIN, stable_hash, to_int32
+from flamestream.core.hashing import INT32_MAX, INT32_MIN, STR_HASHES, stable_hash, to_int32
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,6 +130,19 @@ def test_hashes_do_not_depend_on_the_hash_seed_of_the_process(values: list[Any])
 def test_a_str_hashes_as_the_crc32_of_its_utf8(text: str) -> None:
     """As it always has: layouts already deployed keep routing words where they did."""
     assert stable_hash(text) == to_int32(zlib.crc32(text.encode()))
+
+
+def test_remembered_str_hashes_stay_their_crc32_past_the_bound_of_what_is_remembered() -> None:
+    """``stable_hash`` remembers strings it hashed (up to ``STR_HASHES``, then it forgets them all): asked again,
+    before and after it forgot, a string still hashes as its CRC-32; a string that cannot be encoded fails every
+    time, never remembered."""
+    words = [f"w{i}-\u0436" for i in range(STR_HASHES + 10)]
+    first = [stable_hash(word) for word in words]
+    again = [stable_hash(word) for word in reversed(words)][::-1]
+    assert first == again == [to_int32(zlib.crc32(word.encode())) for word in words]
+    for _ in range(2):
+        with pytest.raises(UnicodeEncodeError):
+            stable_hash("\ud800")
 
 
 @given(payloads)
