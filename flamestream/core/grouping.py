@@ -122,7 +122,10 @@ class Grouping:
         items = bucket.items
         n = len(items)
         last = items[-1] if n else None
-        if last is None or last[1] < gt or (last[1] == gt and last[2] < trace):
+        # In order?  The global time compared by identity first: an event's items share its object (a reduce's
+        # accumulator reaches its bucket right after the word it counted), and a tuple comparison costs a call
+        # per element where ``is`` costs nothing.
+        if last is None or (last[2] < trace if last[1] is gt else last[1] < gt or (last[1] == gt and last[2] < trace)):
             if self.window == 2:
                 return self._append_pair(bucket, item, last)
             pos = n
