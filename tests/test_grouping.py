@@ -310,6 +310,44 @@ def test_a_bucket_deleted_under_a_noted_deadline_leaves_the_keys_next_bucket_alo
     assert g.held == 2
 
 
+
+def test_an_equivalence_key_with_two_hashes_is_two_buckets_found_by_either() -> None:
+    """``accept_keyed`` finds a bucket by its equivalence key alone where it can; balancing and equivalence
+    functions that disagree (one word, two hashes) still make a bucket per pair, as ``accept`` of the pairs does."""
+    g = Grouping(2)
+    g.accept_keyed(1, "w", item("a", 1))
+    g.accept_keyed(2, "w", item("b", 2))
+    assert [o[0] for o in g.accept_keyed(1, "w", item("c", 3))] == [("a", "c")]
+    assert [o[0] for o in g.accept_keyed(2, "w", item("d", 4))] == [("b", "d")]
+    assert set(g.buckets) == {(1, "w"), (2, "w")}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(1, 3),
+    specs=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 2), st.integers(0, 2), st.booleans()), max_size=30,
+                   unique_by=lambda s: s[0]),
+    lag=st.integers(0, 4),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_accept_keyed_acts_as_accept_of_the_pair(window: int, specs: list[tuple[int, int, int, bool]], lag: int,
+                                                 rnd: random.Random) -> None:
+    """Whatever the order, the retractions (tombstones overtaking their items too), the trims deleting buckets
+    and a key's next items making it anew, and equivalence keys that come with several hashes: the same output,
+    buckets and state as ``accept`` of the pairs."""
+    events = [((h, e), item(ts, ts)) for ts, h, e, _ in specs]
+    events += [((h, e), tomb(item(ts, ts))) for ts, h, e, retracted in specs if retracted]
+    rnd.shuffle(events)
+    paired, keyed = Grouping(window), Grouping(window)
+    for n, ((h, e), it) in enumerate(events):
+        assert keyed.accept_keyed(h, e, it) == paired.accept((h, e), it)
+        floor = min((later[1][1].ts for later in events[n + 1:]), default=31)
+        for g in (paired, keyed):
+            g.trim(GlobalTime(max(0, floor - lag), 0))
+        assert list(keyed.buckets) == list(paired.buckets)
+        assert keyed.held == paired.held
+    assert keyed.snapshot(MAX_TIME) == paired.snapshot(MAX_TIME)
+
 # -- property: replay converges to the in-order run ------------------------------------
 
 

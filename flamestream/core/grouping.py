@@ -47,7 +47,7 @@ class StateError(Exception):
 class Bucket:
     """Items of one key in meta order, with the mark of the window last emitted at each."""
 
-    __slots__ = ("changed", "deadline", "emitted", "items", "key", "pending")
+    __slots__ = ("changed", "deadline", "emitted", "h", "items", "key", "pending")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
@@ -72,6 +72,8 @@ class Bucket:
         self.changed = False
         """Whether the key is in its grouping's ``_changed`` already: then an item costs no dict write for it (a
         reduce's key takes two items per input, an item and the accumulator coming back round the cycle)."""
+        self.h = 0
+        """The hash of its key, for a key (hash, equivalence key) that ``accept_keyed`` found."""
 
 
 class Grouping:
@@ -104,18 +106,47 @@ class Grouping:
         kept for window 1: such a grouping has no state to snapshot, and its keys come and go with every item."""
         self._frozen: dict[Hashable, Thaw] = {}
         """Restored buckets not decoded yet (``restore_lazily``): a key moves into ``buckets`` when first needed."""
+        self._by_equivalence: dict[Hashable, Bucket] = {}
+        """Equivalence key -> the bucket ``accept_keyed`` last found for it by its pair (the first, where one
+        equivalence key comes with several hashes); an entry leaves with its bucket (``_delete``)."""
 
     def accept(self, key: Hashable, item: Item) -> list[Item]:
         """Insert (or, for a tombstone, remove) ``item``; return emitted tuples and retractions."""
         bucket = self.buckets.get(key)
         if bucket is None:
             bucket = self._bucket(key)
+        return self._accept(bucket, item)
+
+    def accept_keyed(self, h: int, equivalent: Hashable, item: Item) -> list[Item]:
+        """``accept((h, equivalent), item)``: for a grouping with an equivalence function, whose keys are such
+        pairs.
+
+        Why: a pair looked up was hashed element by element and, found,
+        compared with the key element by element (a pair built per item is
+        never the key itself): 640 instructions an item on word count.  The
+        equivalence key alone (a word, whose hash the string keeps) finds
+        the bucket in a fraction of that, so buckets are also found that way
+        (``_by_equivalence``) when it names one with this hash.  The pair is
+        built only for a key's first item and where one equivalence key comes
+        with several hashes (balancing and equivalence functions that
+        disagree: each pair is still a bucket of its own).
+        """
+        bucket = self._by_equivalence.get(equivalent)
+        if bucket is None or bucket.h != h:
+            key = (h, equivalent)
+            found = self.buckets.get(key)
+            bucket = found if found is not None else self._bucket(key)
+            bucket.h = h
+            self._by_equivalence.setdefault(equivalent, bucket)
+        return self._accept(bucket, item)
+
+    def _accept(self, bucket: Bucket, item: Item) -> list[Item]:
         _, gt, trace, tombstone = item
         if not bucket.changed and self.window > 1:
             bucket.changed = True
-            self._changed[key] = bucket
+            self._changed[bucket.key] = bucket
         if tombstone:
-            return self._remove(key, bucket, (gt, trace))
+            return self._remove(bucket.key, bucket, (gt, trace))
         if bucket.pending and (gt, trace) in bucket.pending:
             bucket.pending.discard((gt, trace))
             return []
@@ -356,9 +387,14 @@ class Grouping:
                     self._delete(found)
 
     def _delete(self, bucket: Bucket) -> None:
-        """Take an emptied bucket out of ``buckets``; without a deadline, what still lists it skips it."""
+        """Take an emptied bucket out of ``buckets`` (and ``_by_equivalence``); without a deadline, what still lists
+        it skips it."""
         bucket.deadline = None
         del self.buckets[bucket.key]
+        if self._by_equivalence:  # then every key is a pair (``accept_keyed``)
+            key: Any = bucket.key
+            if self._by_equivalence.get(key[1]) is bucket:
+                del self._by_equivalence[key[1]]
 
     def _trim_bucket(self, bucket: Bucket, deadline: GlobalTime, min_time: GlobalTime) -> None:
         """Drop what ``bucket`` no longer needs, if ``deadline`` is still its own (not superseded by an earlier

@@ -289,7 +289,8 @@ class Worker:
                         outs, nxt = self._mapped(op, item)
                     elif kind == GROUPING:
                         eq = equivalences[op]
-                        outs = groupings[op].accept(h if eq is None else (h, eq(payload)), item)
+                        outs = (groupings[op].accept(h, item) if eq is None
+                                else groupings[op].accept_keyed(h, eq(payload), item))  # type: ignore[arg-type]
                     elif kind == MERGE:
                         outs = [(payload, gt, trace + _FIRST_CHILD, tomb)]
                     elif kind == BROADCAST:
