@@ -18,7 +18,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from flamestream.core.hashing import INT32_MAX, INT32_MIN, STR_HASHES, stable_hash, to_int32
+from flamestream.core import hashing
+from flamestream.core.hashing import INT32_MAX, INT32_MIN, STR_HASHED_LENGTH, STR_HASHES, stable_hash, to_int32
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,13 +134,19 @@ def test_a_str_hashes_as_the_crc32_of_its_utf8(text: str) -> None:
 
 
 def test_remembered_str_hashes_stay_their_crc32_past_the_bound_of_what_is_remembered() -> None:
-    """``stable_hash`` remembers strings it hashed (up to ``STR_HASHES``, then it forgets them all): asked again,
-    before and after it forgot, a string still hashes as its CRC-32; a string that cannot be encoded fails every
-    time, never remembered."""
-    words = [f"w{i}-\u0436" for i in range(STR_HASHES + 10)]
+    """``stable_hash`` remembers short strings it hashed (up to ``STR_HASHES``, then it forgets them all; none
+    longer than ``STR_HASHED_LENGTH``): asked again, before and after it forgot, a string still hashes as its
+    CRC-32; a string that cannot be encoded fails every time, never remembered."""
+    words = [f"w{i}-\u0436" for i in range(STR_HASHES + 10)] + ["x" * n for n in range(STR_HASHED_LENGTH - 2, 200)]
     first = [stable_hash(word) for word in words]
     again = [stable_hash(word) for word in reversed(words)][::-1]
     assert first == again == [to_int32(zlib.crc32(word.encode())) for word in words]
+    longest, longer = "y" * STR_HASHED_LENGTH, "y" * (STR_HASHED_LENGTH + 1)
+    assert stable_hash(longest) == to_int32(zlib.crc32(longest.encode()))
+    assert stable_hash(longer) == to_int32(zlib.crc32(longer.encode()))
+    # What it holds stays bounded: so many strings, none long.
+    assert longest in hashing._str_hashes and longer not in hashing._str_hashes
+    assert len(hashing._str_hashes) <= STR_HASHES
     for _ in range(2):
         with pytest.raises(UnicodeEncodeError):
             stable_hash("\ud800")

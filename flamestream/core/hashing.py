@@ -67,9 +67,11 @@ def _described(value: object) -> str:
 
 STR_HASHES: Final = 1 << 16
 """Most strings whose hashes ``stable_hash`` remembers; past that it forgets them all and starts again."""
+STR_HASHED_LENGTH: Final = 64
+"""The longest string whose hash is remembered: together with ``STR_HASHES``, at most ~11 MB held for it."""
 _str_hashes: Final[dict[str, int]] = {}
-"""String -> its hash, for the strings hashed lately.  Why: a word count or an index hashes each word twice per
-occurrence (routing the word, then its accumulator), most of them words seen before; encoding the string and
+"""String -> its hash, for the short strings hashed lately.  Why: a word count or an index hashes each word twice
+per occurrence (routing the word, then its accumulator), most of them words seen before; encoding the string and
 calling CRC-32 took ~900 instructions a hash, a lookup of a string (which keeps its own ``hash``) a fraction.  The
 hash is a function of the string alone, so what is remembered changes no result, only the cost."""
 
@@ -82,6 +84,8 @@ def stable_hash(payload: Any) -> int:
     every other payload hashes as the CRC-32 of its ``_canonical`` text.
     """
     if isinstance(payload, str):
+        if len(payload) > STR_HASHED_LENGTH:  # a document, say: rarely hashed twice, and it would be kept alive
+            return to_int32(_crc32(payload.encode()))
         known = _str_hashes.get(payload)
         if known is None:
             known = to_int32(_crc32(payload.encode()))

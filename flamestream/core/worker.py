@@ -347,8 +347,8 @@ class Worker:
         results = bounded_outputs(fn(payload), self._max_outputs, self._max_output_bytes)
         nxt = self._first[op]
         marks = self._suffixes[op]
-        # By index, not ``enumerate``: compiled, that made an iterator and called it once per output and once more,
-        # 600 instructions a word on word count (two map calls a word, one or no output each).
+        # By index, not ``enumerate``: compiled, that made an iterator and called it once per output and once more
+        # (word count: 256 instructions a word, two map calls a word with one or no output each).
         n = len(results)
         if marks is not None and n <= 256:  # straight past the merges it feeds
             return [(results[i], gt, trace + marks[i], tomb) for i in range(n)], self._targets[nxt]
