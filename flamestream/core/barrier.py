@@ -76,25 +76,32 @@ class BarrierBuffer:
         if trace in items:
             raise ValueError(f"item {gt} {trace} reached the barrier twice")
         versions = slot.versions
-        # (prefix, mark, versions seen there) per grouping mark: each prefix sliced and looked up once (the
-        # prefixes differ in length, so updating one below cannot change what was seen at another).
-        marked: list[tuple[Trace, int, list[Any] | None]] = []
+        # Each grouping mark's prefix sliced and looked up once, all of them checked before anything changes (the
+        # item may be stale at any; the prefixes differ in length, so updating one cannot change what was seen at
+        # another).  The first in locals, the others in a list: one grouping on the path, the usual case, made a
+        # list and a tuple per item.  A mark is boxed once (past the small ints, each boxing is a new object).
+        first: Trace | None = None
+        first_mark: Any = None
+        first_seen: list[Any] | None = None
+        others: list[tuple[Trace, Any, list[Any] | None]] | None = None
         for i, mark in enumerate(trace):
             if mark > CHILD_MASK:
+                boxed: Any = mark
                 prefix = trace[:i]
                 seen = versions.get(prefix)
-                if seen is not None and seen[0] > mark:
+                if seen is not None and seen[0] > boxed:
                     return
-                marked.append((prefix, mark, seen))
-        for prefix, mark, seen in marked:
-            if seen is None:
-                versions[prefix] = [mark, trace]
-            elif seen[0] < mark:
-                for stale in seen[1:]:
-                    items.pop(stale, None)
-                versions[prefix] = [mark, trace]
-            else:
-                seen.append(trace)
+                if first is None:
+                    first, first_mark, first_seen = prefix, boxed, seen
+                elif others is None:
+                    others = [(prefix, boxed, seen)]
+                else:
+                    others.append((prefix, boxed, seen))
+        if first is not None:
+            _note_version(items, versions, first, first_mark, first_seen, trace)
+            if others is not None:
+                for prefix, boxed, seen in others:
+                    _note_version(items, versions, prefix, boxed, seen, trace)
         items[trace] = payload
 
     def release(self, min_time: GlobalTime | None) -> list[Released]:
@@ -112,6 +119,20 @@ class BarrierBuffer:
 
 
 _ABSENT: Final = object()
+
+
+def _note_version(items: dict[Trace, Any], versions: dict[Trace, list[Any]], prefix: Trace, mark: Any,
+                  seen: list[Any] | None, trace: Trace) -> None:
+    """Record that ``trace`` carries ``mark`` after ``prefix`` (``seen``: what was there), dropping the items of a
+    lower mark there: they are stale."""
+    if seen is None:
+        versions[prefix] = [mark, trace]
+    elif seen[0] < mark:
+        for stale in seen[1:]:
+            items.pop(stale, None)
+        versions[prefix] = [mark, trace]
+    else:
+        seen.append(trace)
 
 
 class ArrivalBuffer:
