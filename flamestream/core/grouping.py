@@ -73,7 +73,9 @@ class Bucket:
         """Whether the key is in its grouping's ``_changed`` already: then an item costs no dict write for it (a
         reduce's key takes two items per input, an item and the accumulator coming back round the cycle)."""
         self.h = 0
-        """The hash of its key, for a key (hash, equivalence key) that ``accept_keyed`` found."""
+        """The hash of its key, for a key (hash, equivalence key) that ``accept_keyed`` found.  Kept, not read from
+        ``key``: compiled, ``key[0]`` of a key typed ``Hashable`` is a generic item lookup and a comparison of
+        boxed ints, 760 more instructions a word on word count (callgrind) than this native int."""
 
 
 class Grouping:
