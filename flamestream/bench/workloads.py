@@ -282,27 +282,29 @@ class InvertedIndex:
         if not corpus.exists():
             raise FileNotFoundError(f"the inverted-index workload reads {corpus}, which does not exist "
                                     "(the shared data directory belongs beside the repository)")
-        self._pages = list(inverted_index.read_input(str(corpus)))
-        self._distinct = {page["id"]: len(inverted_index.positions(page)) for page in self._pages}
+        self.pages = list(inverted_index.read_input(str(corpus)))
+        """The corpus's pages, with their own ids (``events`` gives each repetition a fresh one)."""
+        self._distinct = {page["id"]: len(inverted_index.positions(page)) for page in self.pages}
         """Distinct words per corpus page, computed once: the pusher must not tokenize on the clock."""
 
     def events(self, seed: int) -> Iterator[tuple[str, Any]]:
         rng = random.Random(seed)
-        order = list(range(len(self._pages)))
+        order = list(range(len(self.pages)))
         rounds = 0
         while True:
             rng.shuffle(order)
             for i in order:
-                page = self._pages[i]
+                page = self.pages[i]
                 pid = f"{page['id']}~{rounds}"
                 yield pid, {**page, "id": pid}
             rounds += 1
 
-    def _distinct_words(self, page: Page) -> int:
+    def records_of(self, page: Page) -> int:
+        """The changelog records a page of the corpus makes when it is new to the index: its distinct words."""
         return self._distinct[page["id"].partition("~")[0]]
 
     def progress(self) -> PageProgress:
-        return PageProgress(self._distinct_words)
+        return PageProgress(self.records_of)
 
     def graph(self) -> Graph:
         return with_examples_path(inverted_index.graph())
