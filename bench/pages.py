@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -97,8 +98,9 @@ def run(pages: int, rounds: int, snapshot_interval_ms: int) -> dict[str, Any]:
     corpus = sorted(workload.pages, key=workload.records_of, reverse=True)
     chosen = corpus[:pages]
     records = [workload.records_of(page) for page in chosen]
-    data_dir = Path(tempfile.mkdtemp(prefix="flamestream-pages-")) / "cluster"
-    data_dir.mkdir(parents=True)
+    work = Path(tempfile.mkdtemp(prefix="flamestream-pages-"))
+    data_dir = work / "cluster"
+    data_dir.mkdir()
     state = launcher.start_cluster(launcher.UpOptions(
         data_dir=data_dir, nodes=2, fronts=1, cluster="pages", placement="nodes", exactly_once=True,
         snapshot_interval_ms=snapshot_interval_ms, tls_dir=None, spares=False))
@@ -115,6 +117,7 @@ def run(pages: int, rounds: int, snapshot_interval_ms: int) -> dict[str, Any]:
         timings = uvloop.run(measure())
     finally:
         launcher.stop_cluster(state, data_dir)
+        shutil.rmtree(work, ignore_errors=True)
     return {"benchmark": "inverted-index-large-pages", "rounds": rounds, "snapshot_interval_ms": snapshot_interval_ms,
             "pages": [{"records": n, **_summary(runs)} for n, runs in zip(records, timings, strict=True)]}
 
