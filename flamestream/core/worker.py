@@ -92,8 +92,10 @@ _SINK: Final = 0
 _LOCAL: Final = 1
 _HASHED: Final = 2
 
-_CHILDREN: Final = tuple((i,) for i in range(256))
-_FIRST_CHILD: Final = _CHILDREN[0]
+_CHILDREN: Final[tuple[Trace, ...]] = tuple((i,) for i in range(256))
+"""Typed as traces, not as one-int tuples: compiled, a ``tuple[int]`` is a C struct, and each read of one built a
+new tuple from it (word count: a tuple a word in ``_child``)."""
+_FIRST_CHILD: Final[Trace] = _CHILDREN[0]
 
 
 def _child(i: int) -> Trace:
@@ -372,7 +374,8 @@ class Worker:
         mode = self._modes[dst]
         if mode == _LOCAL:
             carried = h if copy else None
-            local.extend([(dst, carried, out) for out in outs])
+            boxed: list[Any] = outs  # as in ``_route_hashed``: the envelopes hold the items themselves
+            local.extend([(dst, carried, out) for out in boxed])
         elif mode == _SINK:
             if emits:
                 barrier.extend(outs)
@@ -389,12 +392,17 @@ class Worker:
         oracle: a hash outside int32 would lie in no worker's range (a copy kept by none, ``Layout.owner``
         -1), and a result that is no integer (None, a str) is the item's failure — its dead letter, with the
         ack flowing on — not a TypeError that stops the worker.
+
+        The items are read as ``Any``: compiled, an ``Item`` (a tuple of four typed fields) is a C struct, so an
+        item read from a list as one was unpacked, and the envelope it went into built a new tuple of it; as
+        ``Any`` it stays the object it is (a tuple an item and hop fewer).
         """
         sent = 0
         balance: Any = self._balances[dst]
         starts = self._starts
         smallest, largest = INT32_MIN, INT32_MAX
-        for item in items:
+        boxed: list[Any] = items  # items read as ``Any`` stay the objects they are (see the docstring)
+        for item in boxed:
             try:
                 h = balance(item[0])
                 if type(h) is not int or not smallest <= h <= largest:  # the common case costs two checks
